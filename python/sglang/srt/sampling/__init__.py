@@ -1,0 +1,1 @@
+"""Sampling: per-request parameters, batched sampling state, penalties and seeded randomness."""
