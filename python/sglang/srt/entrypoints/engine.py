@@ -1,0 +1,150 @@
+"""Engine: the offline API, and the process launcher shared with the HTTP server.
+
+Process layout (upstream's): the caller's process runs the TokenizerManager; the scheduler
+(model, KV cache, detokenization) runs in a spawned subprocess; they talk over ZMQ IPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args_resolve import resolve_server_args
+from sglang.srt.utils.process import kill_process_tree
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PortArgs:
+    tokenizer_ipc: str  # scheduler -> tokenizer manager (outputs, replies)
+    scheduler_input_ipc: str  # tokenizer manager -> scheduler (requests, control)
+
+    @staticmethod
+    def new() -> PortArgs:
+        d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        return PortArgs(f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler")
+
+
+def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list[mp.Process]]:
+    """Resolve the arguments, start the scheduler process, wait for its model to load.
+
+    Raises ValueError for bad arguments (unknown model path, unsupported architecture, ...)
+    and RuntimeError when the scheduler fails to start (its error message included).
+    """
+    server_args = resolve_server_args(server_args)
+    model_config = ModelConfig(
+        server_args.model_path,
+        context_length=server_args.context_length,
+        dtype=server_args.dtype,
+        device=server_args.device,
+    )
+    port_args = PortArgs.new()
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=run_scheduler_process,
+        args=(server_args, model_config, port_args, writer),
+        name="sglang-scheduler",
+        daemon=True,
+    )
+    proc.start()
+    writer.close()
+    try:
+        info = reader.recv()
+    except EOFError:
+        info = {"status": "error", "error": f"scheduler exited with code {proc.exitcode}"}
+    if info.get("status") != "ready":
+        kill_process_tree(proc.pid)
+        raise RuntimeError(f"failed to start the scheduler: {info.get('error')}")
+    tm = TokenizerManager(server_args, model_config, port_args)
+    tm.max_total_num_tokens = info["max_total_num_tokens"]
+    return tm, [proc]
+
+
+class Engine:
+    """Offline engine: `Engine(model_path=None, **server_args).generate(prompt, sampling_params)`.
+
+    Returns upstream-style dicts {"text", "output_ids", "meta_info"} (a list for a list of
+    prompts). Use as a context manager or call shutdown().
+    """
+
+    def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
+        fields = {f.name for f in dataclasses.fields(ServerArgs)}
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
+        self.server_args = ServerArgs(model_path=model_path, **kwargs)
+        self.loop = asyncio.new_event_loop()
+        self.tokenizer_manager, self.procs = launch_subprocesses(self.server_args)
+        self.server_args = self.tokenizer_manager.server_args
+        atexit.register(self.shutdown)
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] = -1,
+        top_logprobs_num: int | list[int] = 0,
+        rid: str | list[str] | None = None,
+        stream: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        obj = GenerateReqInput(
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+        )
+        gen = self.tokenizer_manager.generate_request(obj)
+        if stream:
+            return self._iterate(gen)
+        return self.loop.run_until_complete(gen.__anext__())
+
+    def _iterate(self, agen) -> Iterator[dict]:
+        while True:
+            try:
+                yield self.loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def get_server_info(self) -> dict:
+        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        return {**dataclasses.asdict(self.server_args), **state}
+
+    def flush_cache(self) -> bool:
+        return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
+
+    def shutdown(self) -> None:
+        for p in getattr(self, "procs", []):
+            if p.is_alive():
+                kill_process_tree(p.pid)
+        self.procs = []
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

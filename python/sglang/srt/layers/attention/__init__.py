@@ -1,0 +1,30 @@
+"""Attention backends, chosen by name through one registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+
+def _torch_native(runner) -> AttentionBackend:
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    return TorchNativeAttnBackend(runner)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch_native": _torch_native}
+
+
+def create_attention_backend(name: str | None, model_runner) -> AttentionBackend:
+    """Build the backend named by --attention-backend (default torch_native).
+
+    Raises ValueError for a name that is not registered in this build.
+    """
+    name = name or "torch_native"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"--attention-backend {name!r} is not available in this build; "
+            f"choose one of {sorted(ATTENTION_BACKENDS)}"
+        )
+    return ATTENTION_BACKENDS[name](model_runner)

@@ -1,0 +1,122 @@
+"""Typed messages between the tokenizer manager, the scheduler and the detokenizer.
+
+GenerateReqInput is what a user sends (HTTP body of /generate or Engine.generate arguments);
+TokenizedGenerateReqInput goes to the scheduler over ZMQ; BatchStrOut comes back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class GenerateReqInput:
+    """One request or a batch of requests (lists), as upstream's /generate accepts."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict | list[dict] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+    def is_single(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, str)
+        if self.input_ids is None:
+            raise ValueError("either 'text' or 'input_ids' must be given")
+        return len(self.input_ids) == 0 or isinstance(self.input_ids[0], int)
+
+    def batch_size(self) -> int:
+        if self.is_single():
+            return 1
+        return len(self.text if self.text is not None else self.input_ids)
+
+    def __getitem__(self, i: int) -> GenerateReqInput:
+        """The i-th request of a batch as a single GenerateReqInput."""
+
+        def pick(v: Any) -> Any:
+            return v[i] if isinstance(v, list) else v
+
+        sp = self.sampling_params
+        return GenerateReqInput(
+            text=self.text[i] if self.text is not None else None,
+            input_ids=self.input_ids[i] if self.input_ids is not None else None,
+            sampling_params=sp[i] if isinstance(sp, list) else sp,
+            rid=self.rid[i] if isinstance(self.rid, list) else None,
+            return_logprob=pick(self.return_logprob),
+            logprob_start_len=pick(self.logprob_start_len),
+            top_logprobs_num=pick(self.top_logprobs_num),
+            return_text_in_logprobs=self.return_text_in_logprobs,
+            stream=self.stream,
+        )
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: str | None
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    stream: bool
+    seed: int  # per-request random stream (sampling_seed if given, else drawn at random)
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+
+
+@dataclass
+class GetInternalStateReq:
+    pass
+
+
+@dataclass
+class GetInternalStateReqOutput:
+    state: dict
+
+
+@dataclass
+class BatchStrOut:
+    """Per-request increments produced in one scheduler step.
+
+    For request rids[i]: output_ids_delta[i] new token ids, text[i] the full decoded text so far
+    (stop strings trimmed), finished_reason[i] None while running, else
+    {"type": "stop"|"length"|"abort", "matched": ...}; meta[i] counters (prompt_tokens,
+    completion_tokens, cached_tokens, ...). Logprob lists hold the new entries only.
+    """
+
+    rids: list[str]
+    text: list[str]
+    output_ids_delta: list[list[int]]
+    finished_reason: list[dict | None]
+    meta: list[dict]
+    output_token_logprobs_delta: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_top_logprobs_delta: list[list | None] = field(default_factory=list)
+    input_token_logprobs: list[list | None] = field(default_factory=list)
+    input_top_logprobs: list[list | None] = field(default_factory=list)

@@ -1,0 +1,38 @@
+"""Checks a request must pass before it reaches the scheduler; each raises ValueError with a
+message that names the offending parameter (the HTTP layer turns it into a 400)."""
+
+from __future__ import annotations
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def build_sampling_params(raw: dict | None, tokenizer, model_config: ModelConfig) -> SamplingParams:
+    """Parse, verify and normalize user sampling params (upstream defaults)."""
+    if raw is not None and not isinstance(raw, dict):
+        raise ValueError("'sampling_params' must be a JSON object")
+    sp = SamplingParams.from_dict(raw or {})
+    sp.verify(model_config.vocab_size)
+    sp.normalize(tokenizer)
+    return sp
+
+
+def check_prompt_length(
+    prompt_len: int, sp: SamplingParams, context_len: int, max_total_tokens: int | None
+) -> None:
+    """Refuse prompts that cannot fit: upstream's 'longer than the model's context length'."""
+    if prompt_len >= context_len:
+        raise ValueError(
+            f"The input ({prompt_len} tokens) is longer than the model's context length "
+            f"({context_len} tokens)."
+        )
+    if prompt_len + sp.max_new_tokens > context_len:
+        raise ValueError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} "
+            f"tokens: {prompt_len} prompt tokens + max_new_tokens {sp.max_new_tokens}."
+        )
+    if max_total_tokens is not None and prompt_len >= max_total_tokens:
+        raise ValueError(
+            f"The input ({prompt_len} tokens) does not fit in the KV cache of this server "
+            f"({max_total_tokens} tokens)."
+        )

@@ -1,0 +1,173 @@
+"""Request state (Req), the scheduler's batch (ScheduleBatch) and its plan for one step
+(ModelWorkerBatch).
+
+Ownership: every field here is written by the scheduler process only. The model worker reads a
+ModelWorkerBatch and returns a GenerationBatchResult; it never edits a Req, never allocates or
+frees KV, and never writes req_to_token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class FinishReason:
+    """Why a request ended; `to_json()` is upstream's meta_info["finish_reason"]."""
+
+    def __init__(self, type_: str, matched: int | str | None = None, message: str | None = None):
+        self.type = type_  # "stop" | "length" | "abort"
+        self.matched = matched
+        self.message = message
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message:
+            out["message"] = self.message
+        return out
+
+
+class Req:
+    """One generation request as the scheduler tracks it.
+
+    Token layout: fill_ids = origin_input_ids + output_ids. The KV of fill_ids[:kv_len] is in
+    the pool at req_to_token[req_pool_idx, :kv_len]; the last output token's KV is written by
+    the next step (it is that step's input).
+    """
+
+    def __init__(
+        self,
+        rid: str,
+        origin_input_ids: list[int],
+        sampling_params: SamplingParams,
+        seed: int,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        input_text: str | None = None,
+    ) -> None:
+        self.rid = rid
+        self.input_text = input_text
+        self.origin_input_ids = origin_input_ids  # prompt token ids
+        self.output_ids: list[int] = []  # generated token ids (committed)
+        self.sampling_params = sampling_params
+        self.seed = seed  # per-request random stream
+        self.stream = stream
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len
+        self.top_logprobs_num = top_logprobs_num
+
+        # Memory (scheduler-owned)
+        self.req_pool_idx: int | None = None
+        self.kv_len = 0  # tokens of fill_ids whose KV is in the pool
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)  # radix-shared prefix slots
+        self.last_node: Any = None  # radix node locked by this request
+        self.cached_tokens = 0  # prompt tokens served from the radix cache (reported)
+
+        # This step's plan
+        self.extend_input_len = 0  # tokens computed this step
+
+        # Lifecycle
+        self.finished_reason: FinishReason | None = None
+        self.to_abort = False
+        self.num_retractions = 0
+        self.detok: Any = None  # IncrementalDetokenizer (scheduler process)
+        self.stop_search_from = 0  # char index of output text searched for stop strings
+        self.sent_output_len = 0  # output ids already sent to the tokenizer manager
+
+        # Logprobs (accumulated, upstream format: (logprob, token_id))
+        self.input_token_logprobs: list[tuple[float | None, int]] = []
+        self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
+        self.output_token_logprobs: list[tuple[float, int]] = []
+        self.output_top_logprobs: list[list[tuple[float, int]] | None] = []
+        self.sent_logprob_len = 0
+
+    # ------------------------------------------------------------------
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def wants_input_logprobs(self) -> bool:
+        # Prompt logprobs are computed during the first prefill only (not after a retraction).
+        return (
+            self.return_logprob
+            and self.num_retractions == 0
+            and 0 <= self.logprob_start_len < len(self.origin_input_ids)
+        )
+
+    def reset_for_retract(self) -> None:
+        """Forget KV state; the request re-prefills origin_input_ids + output_ids later."""
+        self.req_pool_idx = None
+        self.kv_len = 0
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.num_retractions += 1
+
+
+@dataclass
+class ModelWorkerBatch:
+    """The scheduler's plan for one forward: per request, how many tokens it computes and where
+    their KV goes. All tensors are CPU; the worker moves them to its device.
+
+    Request i computes extend_seq_lens[i] tokens at positions
+    [extend_prefix_lens[i], extend_prefix_lens[i] + extend_seq_lens[i]); their ids are the i-th
+    slice of input_ids and their KV slots the i-th slice of out_cache_loc.
+    """
+
+    forward_mode: ForwardMode
+    input_ids: torch.Tensor  # [num_tokens] int64, set by scheduler
+    out_cache_loc: torch.Tensor  # [num_tokens] int64, KV slots allocated by scheduler
+    req_pool_indices: list[int]  # [bs]
+    seq_lens: list[int]  # [bs] KV length after this step
+    extend_prefix_lens: list[int]  # [bs]
+    extend_seq_lens: list[int]  # [bs]
+    # Logits rows: request i gets the logits of its last num_logit_rows[i] computed tokens. The
+    # last row is sampled iff sample[i]; the other rows score input_logprob_targets[i].
+    num_logit_rows: list[int]  # [bs]
+    sample: list[bool]  # [bs]
+    input_logprob_targets: list[list[int]]  # [bs][num_logit_rows[i] - sample[i]]
+    sampling_info: Any  # SamplingBatchInfo over the sampled requests (rows where sample[i])
+    return_logprob: bool = False
+    top_logprobs_nums: list[int] = field(default_factory=list)  # [bs]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+
+@dataclass
+class GenerationBatchResult:
+    """What the worker returns for one ModelWorkerBatch (per request, CPU Python lists)."""
+
+    next_token_ids: list[int | None]  # [bs]; None where the request did not sample
+    next_token_logprobs: list[float | None] | None = None  # [bs]
+    next_top_logprobs: list[list[tuple[float, int]] | None] | None = None  # [bs]
+    input_token_logprobs: list[list[float]] | None = None  # [bs][num input rows]
+    input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
+    forward_time_s: float = 0.0
+
+
+@dataclass
+class ScheduleBatch:
+    """The requests of one step and the mode they run in (scheduler-side view)."""
+
+    reqs: list[Req]
+    forward_mode: ForwardMode
+    # [bs] whether the request's final prompt chunk is computed this step (it samples)
+    is_final_chunk: list[bool] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return len(self.reqs) == 0

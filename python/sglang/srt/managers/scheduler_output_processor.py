@@ -1,0 +1,185 @@
+"""Commit half of a step: append the worker's tokens to each request, check stop conditions on
+every new token, release finished requests' KV, and stream outputs to the tokenizer manager."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.managers.detokenizer_manager import IncrementalDetokenizer
+from sglang.srt.managers.io_struct import BatchStrOut
+from sglang.srt.managers.schedule_batch import (
+    FinishReason,
+    GenerationBatchResult,
+    Req,
+    ScheduleBatch,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+
+class OutputProcessor:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+        self.pending: list[Req] = []  # requests with something to send this step
+        self.local_outbox: list[Any] = []  # used when the scheduler runs without IPC (tests)
+
+    def init_detokenizer(self, req: Req) -> None:
+        sp = req.sampling_params
+        req.detok = IncrementalDetokenizer(
+            self.s.tokenizer,
+            prompt_ids_tail=req.origin_input_ids[-4:],
+            skip_special_tokens=sp.skip_special_tokens,
+            spaces_between_special_tokens=sp.spaces_between_special_tokens,
+        )
+
+    # ---------------------------------------------------------------- commit
+    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        s = self.s
+        for i, req in enumerate(batch.reqs):
+            req.kv_len += req.extend_input_len
+            req.extend_input_len = 0
+            if result.input_token_logprobs is not None and result.input_token_logprobs[i]:
+                self.add_input_logprobs(req, result, i)
+            if not batch.is_final_chunk[i]:
+                # Mid-prompt chunk: share what is computed so far through the prefix cache.
+                idx, node = s.tree_cache.cache_unfinished_req(
+                    req.req_pool_idx, req.fill_ids[: req.kv_len], req.last_node
+                )
+                req.prefix_indices, req.last_node = idx, node
+                s.chunked_req = req
+                continue
+            lp = result.next_token_logprobs[i] if result.next_token_logprobs else None
+            top = result.next_top_logprobs[i] if result.next_top_logprobs else None
+            self.commit_tokens(req, [result.next_token_ids[i]], [lp], [top])
+            if batch.forward_mode.is_extend() and not req.finished() and req not in s.running:
+                s.running.append(req)
+        s.running = [r for r in s.running if not r.finished()]
+
+    def commit_tokens(
+        self,
+        req: Req,
+        token_ids: list[int],
+        logprobs: list[float | None],
+        top_logprobs: list[Any],
+    ) -> int:
+        """Append tokens one at a time, stopping at the first that finishes the request.
+
+        Returns how many were appended. Used by plain decode (one token) and by speculative
+        verify (the accepted run plus the bonus token).
+        """
+        appended = 0
+        for tok, lp, top in zip(token_ids, logprobs, top_logprobs, strict=True):
+            prev_text_len = len(req.detok.text)
+            req.output_ids.append(tok)
+            req.detok.append([tok])
+            if req.return_logprob:
+                req.output_token_logprobs.append((lp, tok))
+                req.output_top_logprobs.append(top)
+            appended += 1
+            self.check_finished(req, prev_text_len)
+            if req.finished():
+                self.finish(req)
+                break
+        if not req.finished() and req.stream:
+            self.mark(req)
+        return appended
+
+    def check_finished(self, req: Req, prev_text_len: int) -> None:
+        sp = req.sampling_params
+        tok = req.output_ids[-1]
+        if len(req.output_ids) >= sp.max_new_tokens:
+            req.finished_reason = FinishReason("length", matched=None)
+            return
+        if req.seqlen >= self.s.model_config.context_len:
+            req.finished_reason = FinishReason("length", matched=None)
+            return
+        if len(req.output_ids) >= sp.min_new_tokens:
+            stop_ids = set(sp.stop_token_ids or ())
+            if tok in stop_ids or (not sp.ignore_eos and tok in self.s.model_config.eos_token_ids):
+                req.finished_reason = FinishReason("stop", matched=tok)
+                req.detok.truncate(prev_text_len) if not sp.no_stop_trim else None
+                return
+            if sp.stop:
+                hit = req.detok.find_stop(sp.stop, max(0, prev_text_len - sp.stop_str_max_len))
+                if hit is not None:
+                    idx, matched = hit
+                    req.finished_reason = FinishReason("stop", matched=matched)
+                    if not sp.no_stop_trim:
+                        req.detok.truncate(idx)
+
+    def add_input_logprobs(self, req: Req, result: GenerationBatchResult, i: int) -> None:
+        if not req.input_token_logprobs:  # upstream: the first scored token has logprob None
+            req.input_token_logprobs.append((None, req.origin_input_ids[req.logprob_start_len]))
+            req.input_top_logprobs.append(None)
+        start = len(req.input_token_logprobs) + req.logprob_start_len
+        for j, lp in enumerate(result.input_token_logprobs[i]):
+            req.input_token_logprobs.append((lp, req.origin_input_ids[start + j]))
+        req.input_top_logprobs.extend(result.input_top_logprobs[i])
+
+    # ---------------------------------------------------------------- finish / abort
+    def finish(self, req: Req) -> None:
+        """Release a finished request's KV and queue its final output."""
+        if req.req_pool_idx is not None:
+            self.s.kv.release(req)
+        self.mark(req)
+
+    def drop_aborted(self) -> None:
+        s = self.s
+        for req in [*s.running, s.chunked_req]:
+            if req is not None and req.to_abort and not req.finished():
+                req.finished_reason = FinishReason("abort", message="aborted by request")
+                self.finish(req)
+        s.running = [r for r in s.running if not r.finished()]
+        if s.chunked_req is not None and s.chunked_req.finished():
+            s.chunked_req = None
+
+    # ---------------------------------------------------------------- send
+    def mark(self, req: Req) -> None:
+        if not self.pending or self.pending[-1] is not req:
+            if req not in self.pending:
+                self.pending.append(req)
+
+    def emit(self, req: Req) -> None:
+        self.mark(req)
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        out = BatchStrOut([], [], [], [], [])
+        for req in self.pending:
+            self.append_output(out, req)
+        self.pending = []
+        self.s.send(out)
+
+    def append_output(self, out: BatchStrOut, req: Req) -> None:
+        new_ids = req.output_ids[req.sent_output_len :]
+        req.sent_output_len = len(req.output_ids)
+        out.rids.append(req.rid)
+        out.text.append(req.detok.text)
+        out.output_ids_delta.append(new_ids)
+        out.finished_reason.append(req.finished_reason.to_json() if req.finished() else None)
+        out.meta.append(
+            {
+                "prompt_tokens": len(req.origin_input_ids),
+                "completion_tokens": len(req.output_ids),
+                "cached_tokens": req.cached_tokens,
+            }
+        )
+        if req.return_logprob:
+            k = req.sent_logprob_len
+            out.output_token_logprobs_delta.append(req.output_token_logprobs[k:])
+            out.output_top_logprobs_delta.append(req.output_top_logprobs[k:])
+            req.sent_logprob_len = len(req.output_token_logprobs)
+            first = k == 0
+            out.input_token_logprobs.append(req.input_token_logprobs if first else None)
+            out.input_top_logprobs.append(req.input_top_logprobs if first else None)
+        else:
+            for lst in (
+                out.output_token_logprobs_delta,
+                out.output_top_logprobs_delta,
+                out.input_token_logprobs,
+                out.input_top_logprobs,
+            ):
+                lst.append(None)

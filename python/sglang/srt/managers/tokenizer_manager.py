@@ -1,0 +1,344 @@
+"""TokenizerManager: runs in the main process (HTTP server or Engine). Validates and tokenizes
+requests, sends them to the scheduler over ZMQ, and turns the scheduler's BatchStrOut messages
+into upstream-style output dicts."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    TokenizedGenerateReqInput,
+    new_rid,
+)
+from sglang.srt.managers.request_validation import build_sampling_params, check_prompt_length
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.tokenizer import get_tokenizer
+
+logger = logging.getLogger(__name__)
+SEED_MASK = (1 << 62) - 1
+
+
+class QueueFullError(RuntimeError):
+    """Raised when --max-queued-requests requests are already waiting (HTTP 503)."""
+
+
+@dataclass
+class ReqState:
+    """Tokenizer-side state of one request (main process only)."""
+
+    rid: str
+    prompt_tokens: int
+    return_logprob: bool
+    created: float = field(default_factory=time.perf_counter)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    finished: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    itls: list[float] = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    input_token_logprobs: list | None = None
+    input_top_logprobs: list | None = None
+
+
+class TokenizerManager:
+    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, port_args) -> None:
+        self.server_args = server_args
+        self.model_config = model_config
+        self.served_model_name = server_args.served_model_name
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.chat_template)
+        self.port_args = port_args
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.rng = random.Random(server_args.random_seed)
+        self.metrics_collector: Any = None
+        self.max_total_num_tokens: int | None = None
+        self._sockets_ready = False
+        self._pending_replies: dict[type, list[asyncio.Future]] = {}
+        self._handle_task: asyncio.Task | None = None
+
+    # ---------------------------------------------------------------- ipc
+    def _init_sockets(self) -> None:
+        ctx = zmq.asyncio.Context(2)
+        self.recv_from_scheduler = ctx.socket(zmq.PULL)
+        self.recv_from_scheduler.bind(self.port_args.tokenizer_ipc)
+        self.send_to_scheduler = ctx.socket(zmq.PUSH)
+        self.send_to_scheduler.connect(self.port_args.scheduler_input_ipc)
+        self._sockets_ready = True
+
+    def _ensure_handle_loop(self) -> None:
+        if not self._sockets_ready:
+            self._init_sockets()
+        if self._handle_task is None or self._handle_task.done():
+            self._handle_task = asyncio.get_running_loop().create_task(self._handle_loop())
+
+    async def _handle_loop(self) -> None:
+        while True:
+            msg = await self.recv_from_scheduler.recv_pyobj()
+            if isinstance(msg, BatchStrOut):
+                self._handle_batch_out(msg)
+            else:
+                waiters = self._pending_replies.get(type(msg), [])
+                if waiters:
+                    waiters.pop(0).set_result(msg)
+
+    def _send(self, obj: Any) -> None:
+        self.send_to_scheduler.send_pyobj(obj)
+
+    async def _ask(self, req: Any, reply_type: type) -> Any:
+        self._ensure_handle_loop()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending_replies.setdefault(reply_type, []).append(fut)
+        self._send(req)
+        return await fut
+
+    # ---------------------------------------------------------------- generate
+    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict | list[dict]]:
+        """Yield outputs of one request or a batch (see upstream /generate semantics)."""
+        self._ensure_handle_loop()
+        singles = self._expand(obj)
+        tokenized = [self._tokenize(o) for o in singles]  # validates all before sending any
+        self._check_queue(len(tokenized))
+        for t in tokenized:
+            self._submit(t)
+        rids = [t.rid for t in tokenized]
+        try:
+            if len(rids) == 1 and obj.is_single() and not self._n(obj) > 1:
+                async for out in self._wait_one(rids[0], obj.stream):
+                    yield out
+            elif obj.stream:
+                async for out in self._wait_many_stream(rids):
+                    yield out
+            else:
+                yield [await self._final(r) for r in rids]
+        finally:
+            for rid in rids:
+                state = self.rid_to_state.pop(rid, None)
+                if state is not None and not state.finished:
+                    self._send(AbortReq(rid))
+
+    @staticmethod
+    def _n(obj: GenerateReqInput) -> int:
+        sp = obj.sampling_params
+        if isinstance(sp, dict):
+            n = sp.get("n", 1)
+            return n if isinstance(n, int) and not isinstance(n, bool) else 1
+        return 1
+
+    def _expand(self, obj: GenerateReqInput) -> list[GenerateReqInput]:
+        """Split a batch into single requests and expand n > 1 into n copies."""
+        items = [obj] if obj.is_single() else [obj[i] for i in range(obj.batch_size())]
+        if not items:
+            raise ValueError("the batch of prompts is empty")
+        out: list[GenerateReqInput] = []
+        for item in items:
+            sp = dict(item.sampling_params or {})
+            n = sp.pop("n", 1)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"sampling parameter 'n' must be an integer >= 1, got {n!r}")
+            for k in range(n):
+                copy_ = copy.copy(item)
+                copy_.sampling_params = dict(sp)
+                if n > 1:
+                    copy_.rid = None if item.rid is None else f"{item.rid}-{k}"
+                    seed = sp.get("sampling_seed")
+                    if isinstance(seed, int):
+                        copy_.sampling_params["sampling_seed"] = (seed + 7919 * k) & SEED_MASK
+                out.append(copy_)
+        return out
+
+    def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        if obj.input_ids is not None:
+            ids = obj.input_ids
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise ValueError("'input_ids' must be a list of integers")
+            bad = [t for t in ids if t < 0 or t >= self.model_config.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"'input_ids' has token ids outside [0, {self.model_config.vocab_size}): "
+                    f"{bad[:5]}"
+                )
+            text = None
+        elif isinstance(obj.text, str):
+            text = obj.text
+            ids = self.tokenizer.encode(text)
+        else:
+            raise ValueError("'text' must be a string or a list of strings")
+        if len(ids) == 0:
+            raise ValueError("the prompt is empty: give a non-empty 'text' or 'input_ids'")
+        sp = build_sampling_params(obj.sampling_params, self.tokenizer, self.model_config)
+        check_prompt_length(len(ids), sp, self.model_config.context_len, self.max_total_num_tokens)
+        if not isinstance(obj.logprob_start_len, int) or not isinstance(obj.top_logprobs_num, int):
+            raise ValueError("'logprob_start_len' and 'top_logprobs_num' must be integers")
+        if obj.top_logprobs_num < 0:
+            raise ValueError("'top_logprobs_num' must be >= 0")
+        seed = sp.sampling_seed if sp.sampling_seed is not None else self.rng.getrandbits(62)
+        return TokenizedGenerateReqInput(
+            rid=obj.rid if isinstance(obj.rid, str) else new_rid(),
+            input_text=text,
+            input_ids=list(ids),
+            sampling_params=sp,
+            return_logprob=bool(obj.return_logprob),
+            logprob_start_len=obj.logprob_start_len,
+            top_logprobs_num=obj.top_logprobs_num,
+            stream=bool(obj.stream),
+            seed=seed,
+        )
+
+    def _check_queue(self, adding: int) -> None:
+        limit = self.server_args.max_queued_requests
+        if limit is not None and len(self.rid_to_state) + adding > limit:
+            raise QueueFullError(
+                f"the server already has {len(self.rid_to_state)} requests in flight "
+                f"(--max-queued-requests {limit}); retry later"
+            )
+
+    def _submit(self, t: TokenizedGenerateReqInput) -> None:
+        if t.rid in self.rid_to_state:
+            raise ValueError(f"duplicate request id (rid) {t.rid!r}")
+        self.rid_to_state[t.rid] = ReqState(t.rid, len(t.input_ids), t.return_logprob)
+        if self.server_args.log_requests:
+            logger.info("request %s: %d prompt tokens", t.rid, len(t.input_ids))
+        self._send(t)
+
+    async def _wait_one(self, rid: str, stream: bool) -> AsyncIterator[dict]:
+        state = self.rid_to_state[rid]
+        while True:
+            await state.event.wait()
+            state.event.clear()
+            if stream or state.finished:
+                yield self._output(state)
+            if state.finished:
+                return
+
+    async def _final(self, rid: str) -> dict:
+        async for out in self._wait_one(rid, stream=False):
+            return out
+        raise RuntimeError("unreachable")
+
+    async def _wait_many_stream(self, rids: list[str]) -> AsyncIterator[dict]:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, rid: str) -> None:
+            async for out in self._wait_one(rid, stream=True):
+                out["meta_info"]["index"] = i
+                out["index"] = i
+                await queue.put(out)
+            await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(rids)]
+        try:
+            remaining = len(rids)
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    # ---------------------------------------------------------------- outputs
+    def _handle_batch_out(self, msg: BatchStrOut) -> None:
+        now = time.perf_counter()
+        for i, rid in enumerate(msg.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:
+                continue
+            if msg.output_ids_delta[i]:
+                if state.first_token_time is None:
+                    state.first_token_time = now
+                elif state.last_token_time is not None:
+                    state.itls.append(now - state.last_token_time)
+                state.last_token_time = now
+            state.text = msg.text[i]
+            state.output_ids.extend(msg.output_ids_delta[i])
+            state.meta = dict(msg.meta[i])
+            if state.return_logprob:
+                state.output_token_logprobs.extend(msg.output_token_logprobs_delta[i] or [])
+                state.output_top_logprobs.extend(msg.output_top_logprobs_delta[i] or [])
+                if msg.input_token_logprobs[i] is not None:
+                    state.input_token_logprobs = msg.input_token_logprobs[i]
+                    state.input_top_logprobs = msg.input_top_logprobs[i]
+            if msg.finished_reason[i] is not None:
+                state.finished = True
+                state.meta["finish_reason"] = msg.finished_reason[i]
+                self._observe_finished(state, now)
+            state.event.set()
+
+    def _observe_finished(self, state: ReqState, now: float) -> None:
+        state.meta["e2e_latency"] = now - state.created
+        if self.metrics_collector is None:
+            return
+        ttft = (state.first_token_time or now) - state.created
+        self.metrics_collector.observe_request_finished(
+            prompt_tokens=state.prompt_tokens,
+            completion_tokens=len(state.output_ids),
+            cached_tokens=state.meta.get("cached_tokens", 0),
+            ttft_s=ttft,
+            itls_s=state.itls,
+            e2e_s=now - state.created,
+            spec_accept_length=state.meta.get("spec_accept_length"),
+        )
+
+    def _output(self, state: ReqState) -> dict:
+        meta = {
+            "id": state.rid,
+            "finish_reason": None,
+            "prompt_tokens": state.prompt_tokens,
+            "completion_tokens": len(state.output_ids),
+            "cached_tokens": 0,
+            **state.meta,
+        }
+        if state.return_logprob:
+            meta["input_token_logprobs"] = _with_text(state.input_token_logprobs or [])
+            meta["input_top_logprobs"] = [_with_text(t) for t in state.input_top_logprobs or []]
+            meta["output_token_logprobs"] = _with_text(state.output_token_logprobs)
+            meta["output_top_logprobs"] = [_with_text(t) for t in state.output_top_logprobs]
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    # ---------------------------------------------------------------- control
+    def abort_request(self, rid: str) -> None:
+        if rid in self.rid_to_state and self._sockets_ready:
+            self._send(AbortReq(rid))
+
+    async def flush_cache(self) -> bool:
+        out: FlushCacheReqOutput = await self._ask(FlushCacheReq(), FlushCacheReqOutput)
+        return out.success
+
+    async def get_internal_state(self) -> dict:
+        out: GetInternalStateReqOutput = await self._ask(
+            GetInternalStateReq(), GetInternalStateReqOutput
+        )
+        return out.state
+
+
+def _with_text(pairs: list | None) -> list:
+    """Upstream's logprob entries are (logprob, token_id, token_text); text is None here
+    unless return_text_in_logprobs (the HTTP layer fills it)."""
+    if pairs is None:
+        return None
+    return [(lp, tid, None) for lp, tid in pairs]

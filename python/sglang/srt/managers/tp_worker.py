@@ -1,0 +1,94 @@
+"""TpModelWorker: executes the scheduler's ModelWorkerBatch (forward + sampling + logprobs).
+
+Stateless with respect to requests: ModelWorkerBatch in, GenerationBatchResult out.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.server_args import ServerArgs
+
+
+def top_logprobs_of(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    """The k most likely tokens of one row of log-probabilities, as (logprob, token_id)."""
+    if k <= 0:
+        return []
+    vals, ids = logprobs.topk(k)
+    return list(zip(vals.tolist(), ids.tolist(), strict=True))
+
+
+class TpModelWorker:
+    def __init__(self, model_config: ModelConfig, server_args: ServerArgs) -> None:
+        self.model_config = model_config
+        self.model_runner = ModelRunner(model_config, server_args)
+        self.sampler = Sampler()
+        self.device = self.model_runner.device
+
+    def forward_batch_generation(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+        t0 = time.perf_counter()
+        fb = self.model_runner.build_forward_batch(mwb)
+        logits = self.model_runner.forward(fb).next_token_logits  # [num_rows, V] float32
+        bs = mwb.batch_size
+        row_end = torch.tensor(mwb.num_logit_rows).cumsum(0).tolist()
+        sample_rows = [row_end[i] - 1 for i in range(bs) if mwb.sample[i]]
+        next_ids: list[int | None] = [None] * bs
+        next_lps: list[float | None] = [None] * bs
+        next_tops: list[list[tuple[float, int]] | None] = [None] * bs
+        if sample_rows:
+            sampled_idx = [i for i in range(bs) if mwb.sample[i]]
+            top_nums = [mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0 for i in sampled_idx]
+            out = self.sampler(
+                logits[torch.tensor(sample_rows, device=logits.device)],
+                mwb.sampling_info,
+                return_logprob=mwb.return_logprob,
+                top_logprobs_nums=top_nums,
+            )
+            ids = out.next_token_ids.tolist()
+            lps = out.next_token_logprobs.tolist() if out.next_token_logprobs is not None else None
+            for j, i in enumerate(sampled_idx):
+                next_ids[i] = ids[j]
+                if lps is not None:
+                    next_lps[i] = lps[j]
+                if out.top_logprobs is not None:
+                    vals, tids = out.top_logprobs[j]
+                    next_tops[i] = list(zip(vals, tids, strict=True))
+        result = GenerationBatchResult(next_token_ids=next_ids)
+        if mwb.return_logprob:
+            result.next_token_logprobs = next_lps
+            result.next_top_logprobs = next_tops
+            self._input_logprobs(mwb, logits, row_end, result)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        result.forward_time_s = time.perf_counter() - t0
+        return result
+
+    @staticmethod
+    def _input_logprobs(
+        mwb: ModelWorkerBatch, logits: torch.Tensor, row_end: list[int], res: GenerationBatchResult
+    ) -> None:
+        """Logprobs of prompt tokens: row t of request i scores input_logprob_targets[i][t]."""
+        res.input_token_logprobs, res.input_top_logprobs = [], []
+        for i, targets in enumerate(mwb.input_logprob_targets):
+            if not targets:
+                res.input_token_logprobs.append([])
+                res.input_top_logprobs.append([])
+                continue
+            start = row_end[i] - mwb.num_logit_rows[i]
+            rows = torch.log_softmax(logits[start : start + len(targets)].float(), dim=-1)
+            tgt = torch.tensor(targets, device=rows.device)
+            res.input_token_logprobs.append(rows.gather(1, tgt[:, None]).squeeze(1).tolist())
+            k = mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0
+            res.input_top_logprobs.append([top_logprobs_of(r, k) for r in rows])
+
+    # Memory handles, owned and used by the scheduler only.
+    @property
+    def pools(self) -> tuple:
+        r = self.model_runner
+        return r.req_to_token_pool, r.token_to_kv_pool_allocator

@@ -1,0 +1,92 @@
+"""Memory pools: request slots -> token slots (ReqToTokenPool) and per-layer KV (MHATokenToKVPool).
+
+Both are owned by the scheduler: only the scheduler allocates, frees and writes req_to_token.
+Slot 0 of the KV pool is a padding slot that is never handed out, so padded tokens (CUDA graphs)
+can write there harmlessly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """Maps a request slot to the KV slots of its tokens.
+
+    req_to_token: [size, max_context_len] int32; row r, column j = KV slot of token j of the
+    request holding slot r. Written by the scheduler only.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self.free_slots: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need: int = 1) -> list[int] | None:
+        """Take `need` request slots; None when not enough are free."""
+        if need > len(self.free_slots):
+            return None
+        taken, self.free_slots = self.free_slots[:need], self.free_slots[need:]
+        return taken
+
+    def free(self, slot: int) -> None:
+        assert slot not in self.free_slots, f"double free of request slot {slot}"
+        self.free_slots.append(slot)
+
+    def write(self, slot: int, start: int, locs: torch.Tensor) -> None:
+        """req_to_token[slot, start:start+len(locs)] = locs."""
+        self.req_to_token[slot, start : start + locs.numel()] = locs.to(torch.int32)
+
+    def clear(self) -> None:
+        self.free_slots = list(range(self.size))
+
+
+class MHATokenToKVPool:
+    """Per-layer K and V buffers indexed by token slot (page size 1).
+
+    k_buffer[layer], v_buffer[layer]: [size + 1, num_kv_heads, head_dim] in `dtype`;
+    slot 0 is padding.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+    ) -> None:
+        self.size = size
+        self.dtype = dtype
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.layer_num = layer_num
+        self.device = torch.device(device)
+        shape = (size + 1, head_num, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer_num)]
+
+    @staticmethod
+    def bytes_per_token(dtype: torch.dtype, head_num: int, head_dim: int, layer_num: int) -> int:
+        return 2 * head_num * head_dim * layer_num * torch.finfo(dtype).bits // 8
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[layer_id]
+
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,  # [num_tokens] int64
+        k: torch.Tensor,  # [num_tokens, head_num, head_dim]
+        v: torch.Tensor,  # [num_tokens, head_num, head_dim]
+    ) -> None:
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)

@@ -1,0 +1,138 @@
+"""ModelRunner: owns the model weights, the KV pools' storage and the attention backend, and
+runs one forward for a ModelWorkerBatch. It holds no request state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    build_positions_and_starts,
+)
+from sglang.srt.model_loader import get_model
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_BYTES = 1 << 30  # KV budget on CPU when --max-total-tokens is not given
+CPU_MAX_DEFAULT_TOKENS = 65536
+
+
+class ModelRunner:
+    """Loads the model and runs forwards.
+
+    Attributes: model, req_to_token_pool, token_to_kv_pool, token_to_kv_pool_allocator (the
+    pools' storage lives here because it is sized after the weights are loaded; the scheduler
+    is their only user), attn_backend, max_total_num_tokens.
+    """
+
+    def __init__(self, model_config: ModelConfig, server_args: ServerArgs) -> None:
+        self.model_config = model_config
+        self.server_args = server_args
+        self.device = torch.device(server_args.device)
+        self.dtype = model_config.dtype
+        self.init_torch_settings()
+        self.load_model()
+        self.init_memory_pool()
+        self.attn_backend = create_attention_backend(server_args.attention_backend, self)
+
+    def init_torch_settings(self) -> None:
+        torch.set_grad_enabled(False)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.server_args.random_seed is not None:
+            torch.manual_seed(self.server_args.random_seed)
+
+    def load_model(self) -> None:
+        t0 = time.perf_counter()
+        self.model = get_model(
+            self.model_config,
+            load_format=self.server_args.load_format,
+            device=str(self.device),
+            random_seed=self.server_args.random_seed,
+        )
+        logger.info("Model loaded in %.1f s (dtype %s)", time.perf_counter() - t0, self.dtype)
+
+    def profile_max_num_tokens(self) -> int:
+        mc = self.model_config
+        per_token = MHATokenToKVPool.bytes_per_token(
+            self.dtype, mc.num_key_value_heads, mc.head_dim, mc.num_hidden_layers
+        )
+        if self.server_args.max_total_tokens is not None:
+            return self.server_args.max_total_tokens
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            frac = self.server_args.mem_fraction_static or 0.85
+            budget = free - total * (1 - frac)
+            if budget <= per_token * 128:
+                raise RuntimeError(
+                    f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free, "
+                    f"--mem-fraction-static {frac}; raise it or use a smaller model"
+                )
+            return int(budget // per_token)
+        return min(CPU_MAX_DEFAULT_TOKENS, CPU_DEFAULT_KV_BYTES // per_token)
+
+    def init_memory_pool(self) -> None:
+        mc, sa = self.model_config, self.server_args
+        self.max_total_num_tokens = self.profile_max_num_tokens()
+        self.req_to_token_pool = ReqToTokenPool(
+            sa.max_running_requests + 1, mc.context_len + 8, self.device
+        )
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.max_total_num_tokens,
+            self.dtype,
+            mc.num_key_value_heads,
+            mc.head_dim,
+            mc.num_hidden_layers,
+            self.device,
+        )
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens)
+        logger.info("KV cache: %d tokens", self.max_total_num_tokens)
+
+    # ------------------------------------------------------------------
+    def build_forward_batch(self, mwb: ModelWorkerBatch) -> ForwardBatch:
+        dev = self.device
+        positions, starts = build_positions_and_starts(
+            mwb.extend_prefix_lens, mwb.extend_seq_lens, dev
+        )
+        ends = torch.tensor(mwb.extend_seq_lens, dtype=torch.int64).cumsum(0)
+        rows: list[torch.Tensor] = []
+        for end, n in zip(ends.tolist(), mwb.num_logit_rows, strict=True):
+            rows.append(torch.arange(end - n, end, dtype=torch.int64))
+        logits_indices = torch.cat(rows) if rows else torch.empty(0, dtype=torch.int64)
+        return ForwardBatch(
+            forward_mode=mwb.forward_mode,
+            batch_size=mwb.batch_size,
+            input_ids=mwb.input_ids.to(dev, non_blocking=True),
+            positions=positions,
+            out_cache_loc=mwb.out_cache_loc.to(dev, non_blocking=True),
+            req_pool_indices=torch.tensor(mwb.req_pool_indices, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(mwb.seq_lens, dtype=torch.int64, device=dev),
+            extend_seq_lens=torch.tensor(mwb.extend_seq_lens, dtype=torch.int64, device=dev),
+            extend_prefix_lens=torch.tensor(mwb.extend_prefix_lens, dtype=torch.int64, device=dev),
+            extend_start_loc=starts,
+            seq_lens_cpu=list(mwb.seq_lens),
+            extend_seq_lens_cpu=list(mwb.extend_seq_lens),
+            extend_prefix_lens_cpu=list(mwb.extend_prefix_lens),
+            logits_indices=logits_indices.to(dev),
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.token_to_kv_pool,
+            attn_backend=self.attn_backend,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """Run the model; returns logits for forward_batch.logits_indices rows."""
+        self.attn_backend.init_forward_metadata(forward_batch)
+        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)

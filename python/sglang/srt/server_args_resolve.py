@@ -1,0 +1,43 @@
+"""Fill in ServerArgs defaults that depend on the machine and the model (upstream does this in
+ServerArgs.__post_init__); validate combinations. Raises ValueError naming the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from sglang.srt.model_loader import resolve_model_path
+from sglang.srt.server_args import ServerArgs
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"--device must be auto, cuda or cpu, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was given but no CUDA device is available")
+    return device
+
+
+def resolve_server_args(args: ServerArgs) -> ServerArgs:
+    """Return a copy of args with every default resolved."""
+    a = dataclasses.replace(args)
+    a.device = resolve_device(a.device)
+    a.model_path = resolve_model_path(a.model_path)
+    a.tokenizer_path = a.tokenizer_path or a.model_path
+    a.served_model_name = a.served_model_name or args.model_path or "default"
+    if a.tp_size != 1:
+        raise ValueError("--tp-size: only 1 is supported in this release")
+    if a.chunked_prefill_size is None:
+        a.chunked_prefill_size = 8192 if a.device == "cuda" else 2048
+    if a.max_running_requests is None:
+        a.max_running_requests = 1024 if a.device == "cuda" else 256
+    if a.max_running_requests < 1:
+        raise ValueError("--max-running-requests must be >= 1")
+    if a.max_total_tokens is not None and a.max_total_tokens < 16:
+        raise ValueError("--max-total-tokens must be >= 16")
+    if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static < 1:
+        raise ValueError("--mem-fraction-static must be in (0, 1)")
+    return a
