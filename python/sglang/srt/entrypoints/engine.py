@@ -135,6 +135,10 @@ class Engine:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
 
     def shutdown(self) -> None:
+        task = getattr(getattr(self, "tokenizer_manager", None), "_handle_task", None)
+        if task is not None and not task.done() and not self.loop.is_closed():
+            task.cancel()
+            self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
         for p in getattr(self, "procs", []):
             if p.is_alive():
                 kill_process_tree(p.pid)

@@ -78,7 +78,7 @@ class Req:
         self.to_abort = False
         self.num_retractions = 0
         self.detok: Any = None  # IncrementalDetokenizer (scheduler process)
-        self.stop_search_from = 0  # char index of output text searched for stop strings
+        self.text_limit: int | None = None  # output text is cut here (stop string / token)
         self.sent_output_len = 0  # output ids already sent to the tokenizer manager
 
         # Logprobs (accumulated, upstream format: (logprob, token_id))

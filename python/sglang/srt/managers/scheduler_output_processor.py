@@ -98,15 +98,16 @@ class OutputProcessor:
             stop_ids = set(sp.stop_token_ids or ())
             if tok in stop_ids or (not sp.ignore_eos and tok in self.s.model_config.eos_token_ids):
                 req.finished_reason = FinishReason("stop", matched=tok)
-                req.detok.truncate(prev_text_len) if not sp.no_stop_trim else None
+                if not sp.no_stop_trim:
+                    req.text_limit = prev_text_len
                 return
-            if sp.stop:
-                hit = req.detok.find_stop(sp.stop, max(0, prev_text_len - sp.stop_str_max_len))
+            if sp.stop_strs:
+                hit = req.detok.find_stop(sp.stop_strs, prev_text_len)
                 if hit is not None:
                     idx, matched = hit
                     req.finished_reason = FinishReason("stop", matched=matched)
                     if not sp.no_stop_trim:
-                        req.detok.truncate(idx)
+                        req.text_limit = idx
 
     def add_input_logprobs(self, req: Req, result: GenerationBatchResult, i: int) -> None:
         if not req.input_token_logprobs:  # upstream: the first scored token has logprob None
@@ -120,6 +121,8 @@ class OutputProcessor:
     # ---------------------------------------------------------------- finish / abort
     def finish(self, req: Req) -> None:
         """Release a finished request's KV and queue its final output."""
+        if req.text_limit is None:
+            req.detok.flush()  # emit bytes held back for an incomplete character
         if req.req_pool_idx is not None:
             self.s.kv.release(req)
         self.mark(req)
@@ -157,7 +160,8 @@ class OutputProcessor:
         new_ids = req.output_ids[req.sent_output_len :]
         req.sent_output_len = len(req.output_ids)
         out.rids.append(req.rid)
-        out.text.append(req.detok.text)
+        text = req.detok.text
+        out.text.append(text if req.text_limit is None else text[: req.text_limit])
         out.output_ids_delta.append(new_ids)
         out.finished_reason.append(req.finished_reason.to_json() if req.finished() else None)
         out.meta.append(
