@@ -1,0 +1,106 @@
+"""Abstract interface of the prefix caches (RadixCache, ChunkCache) that the scheduler calls.
+
+Ownership of KV slots (page size 1). Every KV slot 1..size is owned by exactly one of:
+  * the allocator's free list (TokenToKVPoolAllocator),
+  * the prefix cache: slots stored as values in the tree (`total_size()` of them), or
+  * a running request: slots written in its req_to_token row beyond its cached prefix.
+So with no request running, `allocator.available_size() + cache.total_size() == allocator.size`.
+
+The scheduler owns both pools; the cache is its helper. The cache frees slots to the allocator
+(duplicates on insertion, evicted leaves) and rewrites req_to_token rows in
+`cache_unfinished_req`, but never allocates or frees request slots (ReqToTokenPool).
+
+Locking protocol (as upstream SGLang): the scheduler calls `match_prefix`, then
+`inc_lock_ref(last_node)` once the request is admitted, and hands that `last_node` (or the one
+returned by the latest `cache_unfinished_req`) back to `cache_*_req`, which release the lock.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import TreeNode
+
+
+@dataclass
+class MatchPrefixResult:
+    """Result of `match_prefix`.
+
+    device_indices: [n] int64 CPU, KV slots of the n longest cached prefix tokens of the key.
+    last_node: the tree node where the match ends (a dummy node for ChunkCache).
+    """
+
+    device_indices: torch.Tensor
+    last_node: TreeNode
+
+
+class BasePrefixCache(ABC):
+    """What the scheduler may call on a prefix cache; see the module docstring for ownership."""
+
+    def __init__(
+        self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool_allocator: TokenToKVPoolAllocator
+    ) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop every cached entry without freeing slots (the scheduler clears the pools)."""
+
+    @abstractmethod
+    def match_prefix(self, key: list[int]) -> MatchPrefixResult:
+        """Longest cached prefix of `key` (token ids); refreshes its LRU access time."""
+
+    @abstractmethod
+    def cache_finished_req(
+        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+    ) -> None:
+        """Hand a finished request's KV to the cache and release its lock on `last_node`.
+
+        req_to_token[req_pool_idx, :len(token_ids)] must hold the KV slots of `token_ids`. Slots
+        beyond that and the request slot itself stay the scheduler's to free.
+        """
+
+    @abstractmethod
+    def cache_unfinished_req(
+        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+    ) -> tuple[torch.Tensor, TreeNode]:
+        """Cache a running request's KV (after a prefill chunk); the request keeps a lock.
+
+        Returns (prefix indices [len(token_ids)] int64 CPU, new last node, now locked).
+        """
+
+    @abstractmethod
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Protect `node` and its ancestors from eviction (one more reference)."""
+
+    @abstractmethod
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Drop one reference taken by `inc_lock_ref(node)`."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free >= `num_tokens` slots if possible (LRU unlocked leaves); returns the count freed."""
+
+    @abstractmethod
+    def evictable_size(self) -> int:
+        """Tokens in the cache that no request locks."""
+
+    @abstractmethod
+    def protected_size(self) -> int:
+        """Tokens in the cache locked by at least one request."""
+
+    def total_size(self) -> int:
+        """Tokens (= KV slots) held by the cache."""
+        return self.evictable_size() + self.protected_size()
+
+    @abstractmethod
+    def pretty_print(self) -> None:
+        """Print the cache contents (debugging)."""

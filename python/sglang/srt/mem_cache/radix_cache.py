@@ -1,0 +1,282 @@
+"""RadixCache: a radix tree from token-id prefixes to KV slots, with LRU eviction (page size 1).
+
+Algorithm as upstream SGLang (RadixAttention, Zheng et al. 2024, "SGLang: Efficient Execution of
+Structured Language Model Programs", section 3): each edge holds a run of token ids (`key`) and
+their KV slots (`value`, [len(key)] int64 CPU); children are keyed by their first token id.
+Nodes are split when a match or an insertion ends in the middle of an edge. Requests lock the path
+to their last node (`lock_ref`); only unlocked leaves are evicted, oldest access first.
+
+Ownership: slots stored in the tree belong to the cache until evicted (then freed to the
+allocator). See base_prefix_cache.py for the full ownership and locking contract.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache, MatchPrefixResult
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+_node_ids = itertools.count()
+
+
+class TreeNode:
+    """One edge of the radix tree (the root has an empty key and never gets evicted)."""
+
+    def __init__(self) -> None:
+        self.id = next(_node_ids)
+        self.parent: TreeNode | None = None
+        self.children: dict[int, TreeNode] = {}  # first token id of the child's key -> child
+        self.key: list[int] = []  # token ids of this edge
+        self.value: torch.Tensor = _EMPTY  # [len(key)] int64 CPU, KV slots of `key`
+        self.lock_ref = 0  # number of requests whose locked path goes through this node
+        self.last_access_time = 0  # logical clock of the cache (larger = more recent)
+
+    def __lt__(self, other: TreeNode) -> bool:
+        return (self.last_access_time, self.id) < (other.last_access_time, other.id)
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class RadixCache(BasePrefixCache):
+    """Prefix cache shared by all requests; see the module docstring."""
+
+    def __init__(
+        self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool_allocator: TokenToKVPoolAllocator
+    ) -> None:
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator)
+        self.reset()
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.root = TreeNode()
+        self._clock = 0
+        self._evictable_size = 0
+        self._protected_size = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    # ---- lookup and insertion ----------------------------------------------------------------
+    def match_prefix(self, key: list[int]) -> MatchPrefixResult:
+        """Longest cached prefix of `key`.
+
+        Returns MatchPrefixResult(device_indices [n] int64 CPU, last_node) where n is the prefix
+        length; last_node ends exactly at token n (an edge is split if the match stops inside it).
+        Every node on the path gets a fresh access time. Does not lock anything.
+        """
+        now = self._tick()
+        node, values, pos = self.root, [], 0
+        node.last_access_time = now
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            n = _common_prefix_len(child.key, key[pos : pos + len(child.key)])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access_time = now
+            values.append(child.value)
+            node, pos = child, pos + n
+        indices = torch.cat(values) if values else _EMPTY.clone()
+        return MatchPrefixResult(device_indices=indices, last_node=node)
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child`'s edge after n tokens (0 < n < len); returns the new upper node."""
+        parent = child.parent
+        assert parent is not None and 0 < n < len(child.key)
+        upper = TreeNode()
+        upper.parent = parent
+        upper.key, upper.value = child.key[:n], child.value[:n]
+        upper.lock_ref = child.lock_ref  # same set of requests goes through both halves
+        upper.last_access_time = child.last_access_time
+        upper.children = {child.key[n]: child}
+        child.key, child.value = child.key[n:], child.value[n:]
+        child.parent = upper
+        parent.children[upper.key[0]] = upper
+        return upper
+
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """Insert token ids `key` with KV slots `value` ([len(key)] int64 CPU).
+
+        Returns how many leading tokens were already cached: value[:returned] is NOT taken by the
+        tree (the caller frees what it owns of it); value[returned:] now belongs to the tree.
+        """
+        return self._insert(key, value)[0]
+
+    def _insert(self, key: list[int], value: torch.Tensor) -> tuple[int, torch.Tensor, TreeNode]:
+        """insert(), also returning the tree's slots for `key` ([len(key)] int64 CPU) and the
+        node that ends exactly at len(key)."""
+        assert len(key) == value.numel(), (len(key), value.numel())
+        now = self._tick()
+        node, pos, values = self.root, 0, []
+        node.last_access_time = now
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                node = self._add_leaf(node, key[pos:], value[pos:].clone(), now)
+                values.append(node.value)
+                break
+            n = _common_prefix_len(child.key, key[pos : pos + len(child.key)])
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access_time = now
+            values.append(child.value)
+            node, pos = child, pos + n
+        tree_value = torch.cat(values) if values else _EMPTY.clone()
+        return pos, tree_value, node
+
+    def _add_leaf(
+        self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int
+    ) -> TreeNode:
+        leaf = TreeNode()
+        leaf.parent, leaf.key, leaf.value = parent, key, value
+        leaf.last_access_time = now
+        parent.children[key[0]] = leaf
+        self._evictable_size += len(key)
+        return leaf
+
+    # ---- request hooks (called by the scheduler) ---------------------------------------------
+    def _insert_req(
+        self, req_pool_idx: int, token_ids: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, TreeNode]:
+        """Insert req_to_token[req_pool_idx, :len(token_ids)] and free the request's duplicates.
+
+        A duplicate is a position the tree already held (from another request) whose slot in the
+        request's row differs from the tree's: it is the request's own and is freed. Comparing
+        slots (rather than trusting the depth of the request's last node) stays exact when the
+        scheduler used only part of a matched prefix.
+        Returns (request row [n] int64 CPU, tree slots [n] int64 CPU, node ending at n).
+        """
+        kv = self._req_kv(req_pool_idx, len(token_ids))  # [n] int64 CPU
+        cached, tree_kv, node = self._insert(token_ids, kv)
+        dup = kv[:cached] != tree_kv[:cached]  # [cached] bool
+        self.token_to_kv_pool_allocator.free(kv[:cached][dup])
+        return kv, tree_kv, node
+
+    def _req_kv(self, req_pool_idx: int, num_tokens: int) -> torch.Tensor:
+        row = self.req_to_token_pool.req_to_token[req_pool_idx, :num_tokens]
+        return row.to("cpu", torch.int64)  # [num_tokens] int64 CPU
+
+    def cache_finished_req(
+        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+    ) -> None:
+        """Insert a finished request's tokens, free its duplicate slots, unlock `last_node`.
+
+        Slots of tokens that the tree already held under other slots (cached meanwhile by another
+        request) are duplicates and go back to the allocator; the rest now belong to the tree.
+        The request slot and any slot past len(token_ids) stay the scheduler's to free.
+        """
+        self._insert_req(req_pool_idx, token_ids)
+        self.dec_lock_ref(last_node)
+
+    def cache_unfinished_req(
+        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+    ) -> tuple[torch.Tensor, TreeNode]:
+        """Insert a running request's tokens so far; it then uses the tree's slots for all of them.
+
+        Frees duplicate slots, rewrites req_to_token[req_pool_idx, :len(token_ids)] with the
+        tree's slots, locks the new last node and unlocks `last_node`.
+        Returns (prefix indices [len(token_ids)] int64 CPU, new last node).
+        """
+        kv, tree_kv, new_node = self._insert_req(req_pool_idx, token_ids)
+        changed = (kv != tree_kv).nonzero()  # [num_changed, 1]
+        if changed.numel() > 0:
+            first = int(changed[0, 0])
+            self.req_to_token_pool.write(req_pool_idx, first, tree_kv[first:])
+        self.inc_lock_ref(new_node)
+        self.dec_lock_ref(last_node)
+        return tree_kv, new_node
+
+    # ---- locking -----------------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._evictable_size -= len(node.key)
+                self._protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        while node.parent is not None:
+            assert node.lock_ref > 0, f"dec_lock_ref below zero on {node}"
+            if node.lock_ref == 1:
+                self._evictable_size += len(node.key)
+                self._protected_size -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    # ---- eviction ----------------------------------------------------------------------------
+    def _evictable_leaves(self) -> list[TreeNode]:
+        leaves, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if not node.children:
+                if node is not self.root and node.lock_ref == 0:
+                    leaves.append(node)
+            else:
+                stack.extend(node.children.values())
+        return leaves
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict least-recently-accessed unlocked leaves until `num_tokens` slots are freed.
+
+        Whole edges are evicted, so more than `num_tokens` may be freed; fewer when nothing
+        evictable remains. A parent left childless and unlocked becomes a candidate in turn.
+        Returns the number of slots freed to the allocator.
+        """
+        heap = self._evictable_leaves()
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        num_freed = 0
+        while num_freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[0]]
+            freed.append(leaf.value)
+            num_freed += len(leaf.key)
+            self._evictable_size -= len(leaf.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        if freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed))
+        return num_freed
+
+    # ---- debugging ---------------------------------------------------------------------------
+    def pretty_print(self) -> None:
+        stack = [(self.root, 0)]
+        while stack:
+            node, indent = stack.pop()
+            head = node.key[:8]
+            more = "..." if len(node.key) > 8 else ""
+            print(
+                f"{' ' * indent}[{len(node.key)}] key={head}{more} lock_ref={node.lock_ref} "
+                f"t={node.last_access_time}"
+            )
+            stack.extend((c, indent + 2) for c in node.children.values())
+        print(f"total={self.total_size()} evictable={self.evictable_size()}")

@@ -1,0 +1,334 @@
+"""RadixCache and ChunkCache against exact allocator / tree counts (pure CPU).
+
+A small fake scheduler (`Sim`) drives the caches the way the real one does: match_prefix,
+inc_lock_ref, allocate the rest, write req_to_token, cache_unfinished_req per chunk,
+cache_finished_req at the end. A shadow dict slot -> token id checks that cached slots really hold
+the tokens of the key they are matched for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.chunk_cache import ChunkCache
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    pool_idx: int
+    prefix_len: int  # tokens whose slots belong to the tree (locked through last_node)
+    filled: int  # tokens whose KV slots are written in req_to_token
+    last_node: TreeNode
+
+
+class Sim:
+    """Fake scheduler owning the pools; `shadow` records which token each live slot holds."""
+
+    def __init__(self, size: int = 64, num_reqs: int = 8, ctx: int = 64, radix: bool = True):
+        self.size = size
+        self.req_pool = ReqToTokenPool(num_reqs, ctx, "cpu")
+        self.alloc = TokenToKVPoolAllocator(size)
+        cls = RadixCache if radix else ChunkCache
+        self.cache = cls(self.req_pool, self.alloc)
+        self.shadow: dict[int, int] = {}
+        self.running: list[Req] = []
+
+    def start(self, tokens: list[int], limit: int | None = None) -> Req:
+        """Admit a request; like our scheduler, it may use only `limit` tokens of the match
+        (e.g. seqlen - 1) while locking the node where the whole match ends."""
+        m = self.cache.match_prefix(tokens)
+        self.cache.inc_lock_ref(m.last_node)
+        (pool_idx,) = self.req_pool.alloc(1)
+        prefix = m.device_indices[:limit]
+        self.req_pool.write(pool_idx, 0, prefix)
+        n = prefix.numel()
+        req = Req(tokens, pool_idx, prefix_len=n, filled=n, last_node=m.last_node)
+        self.running.append(req)
+        return req
+
+    def compute(self, req: Req, n: int) -> bool:
+        """Allocate and 'compute' KV for the next n tokens; False when memory is short."""
+        n = min(n, len(req.tokens) - req.filled)
+        if self.alloc.available_size() < n:
+            self.cache.evict(n - self.alloc.available_size())
+        slots = self.alloc.alloc(n)
+        if slots is None:
+            return False
+        for s, t in zip(slots.tolist(), req.tokens[req.filled : req.filled + n], strict=True):
+            self.shadow[s] = t
+        self.req_pool.write(req.pool_idx, req.filled, slots)
+        req.filled += n
+        return True
+
+    def cache_chunk(self, req: Req) -> torch.Tensor:
+        idx, req.last_node = self.cache.cache_unfinished_req(
+            req.pool_idx, req.tokens[: req.filled], req.last_node
+        )
+        req.prefix_len = req.filled
+        return idx
+
+    def finish(self, req: Req) -> None:
+        self.cache.cache_finished_req(req.pool_idx, req.tokens[: req.filled], req.last_node)
+        self.req_pool.free(req.pool_idx)
+        self.running.remove(req)
+
+    def row(self, req: Req) -> list[int]:
+        return self.req_pool.req_to_token[req.pool_idx, : req.filled].tolist()
+
+    def check(self) -> None:
+        """Every slot is owned exactly once; tree counters equal a walk of the tree."""
+        tree_slots, evictable, protected = [], 0, 0
+        stack = (
+            list(self.cache.root.children.values()) if isinstance(self.cache, RadixCache) else []
+        )
+        while stack:
+            node = stack.pop()
+            assert len(node.key) == node.value.numel() > 0
+            assert node.value.dtype == torch.int64
+            tree_slots += node.value.tolist()
+            if node.lock_ref > 0:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+            stack.extend(node.children.values())
+        assert (evictable, protected) == (self.cache.evictable_size(), self.cache.protected_size())
+        assert len(tree_slots) == self.cache.total_size()
+        owned = [s for r in self.running for s in self.row(r)[r.prefix_len :]]
+        everything = self.alloc.free_slots.tolist() + tree_slots + owned
+        assert sorted(everything) == list(range(1, self.size + 1))
+        in_tree = set(tree_slots)
+        for r in self.running:  # locked prefixes use the tree's slots, which hold their tokens
+            assert all(s in in_tree for s in self.row(r)[: r.prefix_len])
+            for s, t in zip(self.row(r), r.tokens[: r.filled], strict=True):
+                assert self.shadow[s] == t
+
+
+def run_req(sim: Sim, tokens: list[int]) -> Req:
+    req = sim.start(tokens)
+    assert sim.compute(req, len(tokens))
+    sim.finish(req)
+    return req
+
+
+def test_insert_match_split_mid_edge():
+    sim = Sim()
+    run_req(sim, [1, 2, 3, 4, 5])
+    slots5 = sim.cache.match_prefix([1, 2, 3, 4, 5]).device_indices.tolist()
+    assert slots5 == [1, 2, 3, 4, 5]
+    m = sim.cache.match_prefix([1, 2, 3, 9])
+    assert m.device_indices.tolist() == [1, 2, 3]
+    assert m.device_indices.dtype == torch.int64
+    assert m.last_node.key == [1, 2, 3]
+    (lower,) = m.last_node.children.values()
+    assert lower.key == [4, 5] and lower.value.tolist() == [4, 5]
+    assert sim.cache.total_size() == 5
+    assert sim.cache.match_prefix([1, 2, 3, 4, 5, 6, 7]).device_indices.tolist() == [1, 2, 3, 4, 5]
+    # A branching request shares [1, 2] and splits [1, 2, 3] again.
+    run_req(sim, [1, 2, 7])
+    assert sim.cache.match_prefix([1, 2, 7, 8]).device_indices.tolist() == [1, 2, 6]
+    assert sim.cache.match_prefix([1, 2, 3, 4]).device_indices.tolist() == [1, 2, 3, 4]
+    assert sim.cache.total_size() == 6
+    assert sim.alloc.available_size() == 64 - 6
+    sim.check()
+
+
+def test_match_missing_key_and_empty_key():
+    sim = Sim()
+    run_req(sim, [1, 2, 3])
+    for key in ([7, 8], [], [2, 1]):
+        m = sim.cache.match_prefix(key)
+        assert m.device_indices.numel() == 0 and m.device_indices.dtype == torch.int64
+        assert m.last_node is sim.cache.root
+    assert sim.cache.total_size() == 3
+
+
+def test_duplicate_insertion_frees_duplicates():
+    sim = Sim(size=32)
+    a = sim.start([1, 2, 3, 4, 5])
+    b = sim.start([1, 2, 3, 4, 5])  # both miss: each computes its own 5 slots
+    c = sim.start([1, 2, 3, 7, 8])
+    for r in (a, b, c):
+        assert sim.compute(r, 5)
+    assert sim.alloc.available_size() == 32 - 15
+    sim.finish(a)
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (5, 32 - 15)
+    sim.check()
+    sim.finish(b)  # all 5 duplicates freed
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (5, 32 - 10)
+    sim.check()
+    sim.finish(c)  # 3 duplicates freed, [7, 8] inserted
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (7, 32 - 7)
+    assert sim.cache.match_prefix([1, 2, 3, 7, 8]).device_indices.tolist() == [1, 2, 3, 14, 15]
+    sim.check()
+
+
+def test_lock_ref_protects_from_eviction():
+    sim = Sim(size=16)
+    run_req(sim, [1, 2, 3, 4, 5])
+    run_req(sim, [9, 9])
+    req = sim.start([1, 2, 3, 4, 5, 6])  # locks the 5-token path
+    assert req.prefix_len == 5
+    assert (sim.cache.protected_size(), sim.cache.evictable_size()) == (5, 2)
+    sim.cache.match_prefix([1, 2, 8])  # split inside a locked edge keeps counts
+    assert (sim.cache.protected_size(), sim.cache.evictable_size()) == (5, 2)
+    sim.check()
+    assert sim.cache.evict(100) == 2
+    assert sim.cache.match_prefix([1, 2, 3, 4, 5]).device_indices.numel() == 5
+    assert sim.cache.match_prefix([9, 9]).device_indices.numel() == 0
+    sim.cache.dec_lock_ref(req.last_node)
+    assert (sim.cache.protected_size(), sim.cache.evictable_size()) == (0, 5)
+    assert sim.cache.evict(1) == 3  # whole leaf edge [3, 4, 5]
+    assert sim.cache.evict(1) == 2  # then its parent [1, 2]
+    assert sim.cache.total_size() == 0 and sim.alloc.available_size() == 16
+    with pytest.raises(AssertionError):
+        sim.cache.dec_lock_ref(req.last_node)
+
+
+def test_lru_order_of_eviction():
+    sim = Sim()
+    run_req(sim, [1, 1, 1])
+    run_req(sim, [2, 2])
+    run_req(sim, [3, 3, 3, 3])
+    sim.cache.match_prefix([1, 1, 1])  # A is now the most recent
+    assert sim.cache.evict(2) == 2  # B is the oldest
+    assert sim.cache.match_prefix([2, 2]).device_indices.numel() == 0
+    assert sim.cache.evict(1) == 4  # then C
+    assert sim.cache.match_prefix([3]).device_indices.numel() == 0
+    run_req(sim, [4])
+    # Matching [1, 1] splits A into [1, 1] -> [1]; the leaf [1] keeps its old access time,
+    # so it goes before [4] and before its refreshed parent.
+    assert sim.cache.match_prefix([1, 1]).device_indices.tolist() == [1, 2]
+    assert sim.cache.evict(1) == 1
+    assert sim.cache.match_prefix([1, 1, 1]).device_indices.tolist() == [1, 2]
+    assert sim.cache.match_prefix([4]).device_indices.numel() == 1
+    sim.check()
+
+
+def test_evict_more_than_available():
+    sim = Sim(size=20)
+    run_req(sim, [1, 2, 3])
+    run_req(sim, [1, 2, 4, 5])
+    run_req(sim, [6])
+    assert sim.cache.total_size() == 6
+    assert sim.cache.evict(1000) == 6
+    assert sim.cache.evict(5) == 0
+    assert sim.cache.total_size() == 0 and sim.alloc.available_size() == 20
+    sim.check()
+
+
+def test_chunked_requests_keep_counts_exact():
+    sim, size = Sim(size=40), 40
+    toks = list(range(100, 110))
+    a = sim.start(toks)
+    assert sim.compute(a, 4)
+    assert sim.cache_chunk(a).tolist() == [1, 2, 3, 4]
+    assert (sim.cache.protected_size(), sim.alloc.available_size()) == (4, size - 4)
+    b = sim.start(toks)  # shares A's first chunk, computes the rest itself
+    assert b.prefix_len == 4 and sim.row(b) == [1, 2, 3, 4]
+    assert sim.compute(b, 6)
+    assert sim.compute(a, 4)
+    sim.cache_chunk(a)  # A caches tokens 0..7
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (8, size - 14)
+    sim.check()
+    b_idx = sim.cache_chunk(b)  # B's slots for tokens 4..7 are duplicates
+    assert b_idx.tolist() == [1, 2, 3, 4, 11, 12, 13, 14, 9, 10]
+    assert sim.row(b) == b_idx.tolist()
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (10, size - 10)
+    assert sim.cache.protected_size() == 10
+    sim.check()
+    assert sim.compute(a, 2)
+    sim.finish(a)  # A's slots for tokens 8, 9 are duplicates of B's
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (10, size - 10)
+    assert sim.cache.protected_size() == 10
+    sim.finish(b)
+    assert (sim.cache.protected_size(), sim.cache.evictable_size()) == (0, 10)
+    assert sim.alloc.available_size() + sim.cache.total_size() == size
+    sim.check()
+    sim.cache.reset()
+    assert sim.cache.total_size() == 0 and sim.cache.match_prefix(toks).device_indices.numel() == 0
+
+
+def test_partly_used_prefix_frees_recomputed_slots():
+    sim = Sim(size=20)
+    run_req(sim, [1, 2, 3, 4, 5, 6])
+    a = sim.start([1, 2, 3, 4, 5, 6], limit=5)  # recomputes token 6 for its logits
+    b = sim.start([1, 2, 3, 4, 5, 6, 7, 8], limit=3)
+    assert (a.prefix_len, b.prefix_len) == (5, 3)
+    assert sim.cache.protected_size() == 6
+    assert sim.compute(a, 1) and sim.compute(b, 5)
+    assert sim.alloc.available_size() == 20 - 12
+    assert sim.cache_chunk(b).tolist() == [1, 2, 3, 4, 5, 6, 11, 12]
+    assert sim.row(b) == [1, 2, 3, 4, 5, 6, 11, 12]
+    assert sim.alloc.available_size() == 20 - 9  # b's copies of tokens 4..6 freed
+    sim.check()
+    sim.finish(a)  # a's copy of token 6 freed
+    sim.finish(b)
+    assert (sim.cache.total_size(), sim.alloc.available_size()) == (8, 20 - 8)
+    assert sim.cache.protected_size() == 0
+    sim.check()
+
+
+def test_chunk_cache_frees_everything():
+    sim = Sim(size=16, radix=False)
+    a = sim.start([1, 2, 3, 4, 5, 6])
+    assert a.prefix_len == 0
+    assert sim.compute(a, 4)
+    assert sim.cache_chunk(a).tolist() == [1, 2, 3, 4]
+    assert sim.alloc.available_size() == 12
+    b = sim.start([1, 2, 3, 4])  # nothing shared
+    assert b.prefix_len == 0
+    assert sim.compute(a, 2) and sim.compute(b, 4)
+    sim.finish(a)
+    assert sim.alloc.available_size() == 12
+    sim.finish(b)
+    assert sim.alloc.available_size() == 16
+    assert sim.cache.total_size() == 0 and sim.cache.evict(10) == 0
+
+
+def _assert_match_consistent(sim: Sim, key: list[int]) -> None:
+    idx = sim.cache.match_prefix(key).device_indices.tolist()
+    assert [sim.shadow[s] for s in idx] == key[: len(idx)]
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.data())
+def test_random_requests_sharing_prefixes(data):
+    sim = Sim(size=48, num_reqs=4, ctx=32)
+    prefixes = data.draw(st.lists(st.lists(st.integers(0, 3), max_size=8), min_size=1, max_size=3))
+    for _ in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["start", "compute", "chunk", "finish", "evict", "match"]))
+        if op == "start" and sim.req_pool.available_size() > 0:
+            base = data.draw(st.sampled_from(prefixes))
+            tail = data.draw(st.lists(st.integers(0, 3), min_size=1 if not base else 0, max_size=8))
+            _assert_match_consistent(sim, base + tail)
+            sim.start(base + tail, limit=data.draw(st.one_of(st.none(), st.integers(0, 8))))
+        elif op in ("compute", "chunk", "finish") and sim.running:
+            req = data.draw(st.sampled_from(sim.running))
+            if op == "compute" and not sim.compute(req, data.draw(st.integers(1, 8))):
+                assert sim.cache.evictable_size() == 0  # short only when nothing can go
+            elif op == "chunk":
+                idx = sim.cache_chunk(req)
+                assert [sim.shadow[s] for s in idx.tolist()] == req.tokens[: req.filled]
+            elif op == "finish":
+                sim.finish(req)
+        elif op == "evict":
+            before = sim.cache.evictable_size()
+            freed = sim.cache.evict(data.draw(st.integers(0, 20)))
+            assert sim.cache.evictable_size() == before - freed
+        elif op == "match":
+            key = data.draw(st.sampled_from(prefixes)) + data.draw(st.lists(st.integers(0, 3)))
+            _assert_match_consistent(sim, key)
+        sim.check()
+    for req in list(sim.running):
+        sim.finish(req)
+    sim.check()
+    assert sim.cache.protected_size() == 0
+    assert sim.alloc.available_size() + sim.cache.total_size() == sim.size
