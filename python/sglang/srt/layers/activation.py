@@ -1,0 +1,18 @@
+"""Activation functions of gated MLPs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """silu(gate) * up for a fused [gate | up] input (SwiGLU, Shazeer 2020).
+
+    forward(x [T, 2 * I]) -> [T, I], same dtype.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

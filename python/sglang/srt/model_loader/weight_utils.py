@@ -1,0 +1,103 @@
+"""Reading and writing checkpoint tensors: safetensors/bin iterators, dummy init, default loader."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterator
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+
+def checkpoint_files(model_dir: str) -> tuple[list[str], str]:
+    """Weight files of an HF directory and their format ('safetensors' or 'pt').
+
+    Raises:
+        ValueError: the directory holds neither *.safetensors nor pytorch_model*.bin files.
+    """
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if files:
+        return files, "safetensors"
+    files = sorted(glob.glob(os.path.join(model_dir, "pytorch_model*.bin")))
+    if files:
+        return files, "pt"
+    raise ValueError(
+        f"No weights in '{model_dir}': expected *.safetensors or pytorch_model*.bin files "
+        "(use --load-format dummy for random weights)"
+    )
+
+
+def checkpoint_weights_iterator(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, CPU tensor) for every tensor of the checkpoint, with a tqdm bar.
+
+    Tensors are streamed one at a time from safetensors files (memory-mapped).
+    """
+    files, fmt = checkpoint_files(model_dir)
+    if fmt == "safetensors":
+        total = 0
+        for path in files:
+            with safe_open(path, framework="pt") as f:
+                total += len(f.keys())
+        with tqdm(
+            total=total, desc=f"Loading weights ({len(files)} file(s))", unit="tensor"
+        ) as bar:
+            for path in files:
+                with safe_open(path, framework="pt") as f:
+                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                        yield name, f.get_tensor(name)
+                        bar.update(1)
+        return
+    for path in tqdm(files, desc="Loading weights (.bin)", unit="file"):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        yield from state.items()
+        del state
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Copy a full (unsharded) tensor into `param`, casting dtype and device.
+
+    Raises:
+        ValueError: the shapes differ.
+    """
+    if param.shape != loaded_weight.shape:
+        raise ValueError(
+            f"weight shape {tuple(loaded_weight.shape)} does not match parameter "
+            f"shape {tuple(param.shape)}"
+        )
+    param.data.copy_(loaded_weight)
+
+
+def initialize_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights for --load-format dummy: normal(0, std) for matrices and biases, 1.0 for
+    norm weights (any 1-D parameter whose name contains 'norm').
+
+    Values are drawn on the CPU with a seeded generator, so they are the same on every device.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() == 1 and "norm" in name:
+            param.data.fill_(1.0)
+            continue
+        values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+        param.data.copy_(values)
+
+
+def save_safetensors_checkpoint(
+    state_dict: dict[str, torch.Tensor], path: str, tie_word_embeddings: bool
+) -> None:
+    """Write `state_dict` as one safetensors file in HF layout.
+
+    With tied embeddings, lm_head.weight (a view of the embedding) is left out, as HF does.
+    """
+    tensors = {
+        name: t.detach().to("cpu").contiguous()
+        for name, t in state_dict.items()
+        if not (tie_word_embeddings and name == "lm_head.weight")
+    }
+    save_file(tensors, path, metadata={"format": "pt"})

@@ -1,0 +1,1 @@
+"""Model implementations; look them up by architecture through models.registry.ModelRegistry."""
