@@ -1,0 +1,1 @@
+"""Helpers of `python -m sglang.bench_serving`: prompt datasets and request backends."""

@@ -1,0 +1,395 @@
+"""The HTTP server: a FastAPI app over a TokenizerManager, served by uvicorn on uvloop.
+
+Native endpoints (upstream SGLang): POST /generate, GET /health, GET /health_generate,
+GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request,
+GET /metrics (with --enable-metrics). OpenAI endpoints: POST /v1/completions,
+POST /v1/chat/completions, GET /v1/models. Every error is an OpenAI error body (errors.py).
+
+`launch_server` starts the engine processes (engine.launch_subprocesses), serves until
+SIGINT/SIGTERM, and then stops every child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import requests
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+
+from sglang.srt.entrypoints.openai.errors import (
+    OpenAIError,
+    OrjsonResponse,
+    error_response,
+    install_error_handlers,
+)
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
+from sglang.srt.entrypoints.openai.serving_completions import (
+    ClientGone,
+    OpenAIServingCompletion,
+    generate_once,
+    open_stream,
+    sse_frames,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.metrics.collector import CONTENT_TYPE, TokenizerMetricsCollector
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+READY_MESSAGE = "The server is fired up and ready to roll!"
+OPEN_PATHS = ("/health", "/health_generate", "/metrics")  # no API key needed (as upstream)
+INTERNAL_STATE_TIMEOUT_S = 5.0
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+
+
+class APIKeyMiddleware:
+    """Pure ASGI middleware: 401 unless `Authorization: Bearer <api_key>` (open paths exempt)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        auth = dict(scope.get("headers") or []).get(b"authorization")
+        if auth != self.expected:
+            msg = "missing API key" if auth is None else "invalid API key"
+            resp = error_response(
+                f"{msg}: send 'Authorization: Bearer <key>'", 401, code="invalid_api_key"
+            )
+            return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+# ---- /generate body parsing ------------------------------------------------------------------
+_GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
+
+
+def parse_generate_body(body: bytes) -> GenerateReqInput:
+    """Decode a /generate body into GenerateReqInput. Raises OpenAIError(400) naming the field."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise OpenAIError(f"invalid JSON body: {e}", 400) from e
+    if not isinstance(data, dict):
+        raise OpenAIError("request body must be a JSON object", 400)
+    unknown = sorted(set(data) - _GENERATE_FIELDS)
+    if unknown:
+        raise OpenAIError(f"unknown field(s): {', '.join(unknown)}", 400, param=unknown[0])
+    if data.get("text") is None and data.get("input_ids") is None:
+        raise OpenAIError("either 'text' or 'input_ids' must be given", 400, param="text")
+    checks = {
+        "text": lambda v: isinstance(v, str) or _list_of(v, str),
+        "input_ids": lambda v: (
+            _list_of(v, int) or (_list_of(v, list) and all(_list_of(x, int) for x in v))
+        ),
+        "sampling_params": lambda v: isinstance(v, dict) or _list_of(v, dict),
+        "stream": lambda v: isinstance(v, bool),
+        "rid": lambda v: isinstance(v, str) or _list_of(v, str),
+    }
+    for name, ok in checks.items():
+        if data.get(name) is not None and not ok(data[name]):
+            raise OpenAIError(f"'{name}' has the wrong type", 400, param=name)
+    for name in ("text", "input_ids"):
+        if data.get(name) is not None and len(data[name]) == 0:
+            raise OpenAIError(f"'{name}' must not be empty", 400, param=name)
+    return GenerateReqInput(**data)
+
+
+def _list_of(v: Any, typ: type) -> bool:
+    return isinstance(v, list) and all(isinstance(x, typ) and not isinstance(x, bool) for x in v)
+
+
+# ---- app -------------------------------------------------------------------------------------
+def create_app(tokenizer_manager: Any, server_args: ServerArgs) -> FastAPI:
+    """The FastAPI app serving `tokenizer_manager` (see module docstring for endpoints)."""
+    try:  # accept JSON bodies without a JSON Content-Type (curl -d), as upstream does
+        app = FastAPI(title="SGLang", openapi_url=None, strict_content_type=False)
+    except TypeError:  # FastAPI versions without the option are not strict
+        app = FastAPI(title="SGLang", openapi_url=None)
+    tm = tokenizer_manager
+    app.state.tm = tm
+    install_error_handlers(app)
+    if server_args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
+    collector = _init_metrics(tm, server_args)
+    completions = OpenAIServingCompletion(tm)
+    chat = OpenAIServingChat(tm, load_chat_template(server_args.chat_template))
+    _add_native_routes(app, tm, server_args)
+
+    @app.post("/v1/completions")
+    async def v1_completions(req: CompletionRequest, raw: Request) -> Any:
+        return await _guard(completions.handle(req, raw))
+
+    @app.post("/v1/chat/completions")
+    async def v1_chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
+        return await _guard(chat.handle(req, raw))
+
+    @app.get("/v1/models")
+    async def v1_models() -> dict:
+        card = {
+            "id": tm.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": server_args.model_path,
+            "max_model_len": tm.model_config.context_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    if collector is not None:
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            try:
+                state = await asyncio.wait_for(tm.get_internal_state(), INTERNAL_STATE_TIMEOUT_S)
+                collector.set_internal_state(state)
+            except Exception:  # noqa: BLE001 - counters still worth serving
+                logger.warning("metrics: could not read the scheduler's internal state")
+            return Response(collector.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _init_metrics(tm: Any, server_args: ServerArgs) -> TokenizerMetricsCollector | None:
+    if not server_args.enable_metrics:
+        return None
+    if getattr(tm, "metrics_collector", None) is None:
+        tm.metrics_collector = TokenizerMetricsCollector({"model_name": tm.served_model_name})
+    return tm.metrics_collector
+
+
+async def _guard(coro: Any) -> Any:
+    """Await a handler; a client that left gets an empty 499 (nobody reads it)."""
+    try:
+        return await coro
+    except ClientGone:
+        return Response(status_code=499)
+
+
+def _add_native_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
+    @app.post("/generate")
+    async def generate(raw: Request) -> Any:
+        obj = parse_generate_body(await raw.body())
+        if server_args.log_requests:
+            logger.info("generate request: %s", obj)
+        if obj.stream:
+            stream = await open_stream(tm, obj, raw)
+            return StreamingResponse(sse_frames(stream), media_type="text/event-stream")
+        return await _guard(_generate_json(tm, obj, raw))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate(raw: Request) -> Response:
+        obj = GenerateReqInput(
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0}
+        )
+        try:
+            await asyncio.wait_for(generate_once(tm, obj, raw), HEALTH_GENERATE_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - any failure means unhealthy
+            return error_response(f"health generation failed: {e!r}", 503)
+        return Response(status_code=200)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict:
+        sa = tm.server_args
+        return {
+            "model_path": sa.model_path,
+            "tokenizer_path": sa.tokenizer_path or sa.model_path,
+            "is_generation": True,
+            "served_model_name": tm.served_model_name,
+            "context_length": tm.model_config.context_len,
+            "preferred_sampling_params": None,
+        }
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict:
+        state = await asyncio.wait_for(tm.get_internal_state(), INTERNAL_STATE_TIMEOUT_S)
+        info = dataclasses.asdict(tm.server_args)
+        info.pop("api_key", None)
+        return {**info, "internal_states": [state], "version": _version()}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        if await tm.flush_cache():
+            return PlainTextResponse("Cache flushed.\n")
+        return error_response("cache not flushed: requests are still running", 400)
+
+    @app.post("/abort_request")
+    async def abort_request(raw: Request) -> Response:
+        try:
+            data = orjson.loads(await raw.body())
+        except orjson.JSONDecodeError as e:
+            raise OpenAIError(f"invalid JSON body: {e}", 400) from e
+        if not isinstance(data, dict) or not isinstance(data.get("rid"), str):
+            raise OpenAIError("'rid' (string) is required", 400, param="rid")
+        tm.abort_request(data["rid"])
+        return Response(status_code=200)
+
+
+async def _generate_json(tm: Any, obj: GenerateReqInput, raw: Request) -> Response:
+    return OrjsonResponse(await generate_once(tm, obj, raw))
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+# ---- launch ----------------------------------------------------------------------------------
+def launch_server(
+    server_args: ServerArgs,
+    launch_fn: Callable[[ServerArgs], tuple[Any, list]] | None = None,
+) -> None:
+    """Start the engine, serve HTTP until SIGINT/SIGTERM, then stop all child processes.
+
+    Args:
+        server_args: parsed flags (prepare_server_args).
+        launch_fn: engine starter returning (tokenizer_manager, child processes); default
+            sglang.srt.entrypoints.engine.launch_subprocesses.
+    Raises:
+        RuntimeError: the warm-up request failed (the server is stopped first).
+    """
+    _raise_on_sigterm()
+    children: list = []
+    warmup_failed = threading.Event()
+    try:
+        if launch_fn is None:
+            from sglang.srt.entrypoints.engine import launch_subprocesses as launch_fn
+        tm, children = launch_fn(server_args)
+        sa = getattr(tm, "server_args", server_args)
+        app = create_app(tm, sa)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=sa.host,
+                port=sa.port,
+                loop="uvloop",
+                log_level=sa.log_level.lower(),
+                access_log=False,
+                timeout_keep_alive=5,
+                timeout_graceful_shutdown=2,
+            )
+        )
+        threading.Thread(
+            target=_warmup, args=(sa, server, warmup_failed), daemon=True, name="warmup"
+        ).start()
+        server.run()
+    finally:
+        stop_processes(children)
+    if warmup_failed.is_set():
+        raise RuntimeError("the warm-up request failed; see the log above")
+
+
+def _raise_on_sigterm() -> None:
+    """SIGTERM before/after uvicorn runs -> SystemExit, so `finally` blocks stop children."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: never interrupt the cleanup
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _warmup(sa: ServerArgs, server: uvicorn.Server, failed: threading.Event) -> None:
+    host = "127.0.0.1" if sa.host in ("0.0.0.0", "::", "") else sa.host
+    url = f"http://{host}:{sa.port}"
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    if not sa.skip_server_warmup:
+        headers = {"Authorization": f"Bearer {sa.api_key}"} if sa.api_key else {}
+        body = {
+            "text": "The capital city of France is",
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 8},
+        }
+        try:
+            r = requests.post(url + "/generate", json=body, headers=headers, timeout=600)
+            r.raise_for_status()
+        except Exception as e:  # noqa: BLE001
+            logger.error("warm-up request failed: %r", e)
+            failed.set()
+            server.should_exit = True
+            return
+    logger.info("%s URL: %s", READY_MESSAGE, url)
+
+
+def _descendants(pid: int) -> list[int]:
+    """All descendant pids of `pid`, read from /proc (Linux); [] elsewhere."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def stop_processes(procs: list, timeout_s: float = 3.0) -> None:
+    """SIGTERM `procs` (multiprocessing.Process or Popen), wait up to timeout_s, then SIGKILL
+    them and any other descendant of this process that is still alive."""
+    others = _descendants(os.getpid())
+    for p in procs:
+        try:
+            p.terminate()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        left = max(0.0, deadline - time.monotonic())
+        if hasattr(p, "join"):
+            p.join(left)
+        else:
+            _wait(p, left)
+    for pid in set(others) | set(_descendants(os.getpid())):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for p in procs:
+        if hasattr(p, "join"):
+            p.join(0.5)
+
+
+def _wait(p: Any, timeout_s: float) -> None:
+    try:
+        p.wait(timeout_s)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,2 @@
+"""OpenAI-compatible API: request models (protocol.py), /v1/completions and /v1/chat/completions
+handlers (serving_completions.py, serving_chat.py) and error bodies (errors.py)."""

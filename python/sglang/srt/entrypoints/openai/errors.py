@@ -1,0 +1,162 @@
+"""OpenAI-style error bodies and the FastAPI handlers that produce them.
+
+Every error the HTTP server returns has the body OpenAI clients expect:
+`{"error": {"message": str, "type": str, "param": str | None, "code": str | int | None}}`.
+Status codes: 400 invalid request (bad JSON, bad field, prompt longer than the context),
+401 missing/wrong API key, 404 unknown route or model, 503 queue full / engine unhealthy.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from http import HTTPStatus
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    503: "service_unavailable_error",
+}
+
+
+class OrjsonResponse(Response):
+    """JSON response serialized with orjson (tuples, numpy-free floats, NaN -> null)."""
+
+    media_type = "application/json"
+
+    def render(self, content: object) -> bytes:
+        return orjson.dumps(content)
+
+
+class OpenAIError(Exception):
+    """An error with an HTTP status, rendered as an OpenAI error body.
+
+    Args:
+        message: human readable; names the offending field when there is one.
+        status: HTTP status code (400, 401, 404, 503, ...).
+        param: the request field at fault, or None.
+        code: machine-readable code (e.g. "model_not_found"), or None.
+    """
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+def error_body(message: str, status: int, param: str | None = None, code=None) -> dict:
+    """The JSON body of an error response (also used for SSE error frames)."""
+    err_type = _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request")
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def error_response(
+    message: str, status: int = 400, param: str | None = None, code=None
+) -> OrjsonResponse:
+    return OrjsonResponse(error_body(message, status, param, code), status_code=status)
+
+
+def from_engine_exception(e: BaseException) -> OpenAIError:
+    """Map an exception raised by TokenizerManager.generate_request to an OpenAIError.
+
+    ValueError (invalid input; its message names the parameter) -> 400;
+    QueueFullError (tokenizer_manager.py, matched by name to avoid an import cycle) -> 503.
+    Anything else is re-raised by the caller as a 500.
+    """
+    if isinstance(e, OpenAIError):
+        return e
+    if type(e).__name__ == "QueueFullError":
+        return OpenAIError(str(e) or "the request queue is full", 503, code="queue_full")
+    if isinstance(e, (ValueError, TypeError)):
+        quoted = _QUOTED_NAME.search(str(e))  # the engine quotes the parameter: 'top_p' ...
+        return OpenAIError(str(e), 400, param=quoted.group(1) if quoted else None)
+    raise e
+
+
+_QUOTED_NAME = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic names the union branch in `loc` ("str", "list[int]", "ContentPart", ...)."""
+    return part in _TYPE_TAGS or "[" in part or "-" in part or part[:1].isupper()
+
+
+def _loc_to_param(loc: tuple) -> str | None:
+    """("body", "messages", 0, "role") -> "messages[0].role"."""
+    parts = [p for p in loc if p not in ("body", "query", "path")]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif _is_union_tag(str(p)):
+            continue
+        else:
+            out += ("." if out else "") + str(p)
+    return out or None
+
+
+def validation_error_to_openai(exc: RequestValidationError) -> OpenAIError:
+    """Turn pydantic's error list into one 400 whose message names the first bad field."""
+    errors = exc.errors()
+    if not errors:
+        return OpenAIError("invalid request", 400)
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        return OpenAIError(f"invalid JSON body: {ctx.get('error', first.get('msg'))}", 400)
+    param = _loc_to_param(tuple(first.get("loc", ())))
+    if param is None and first.get("type") in ("model_attributes_type", "dict_type"):
+        return OpenAIError(
+            "the request body must be a JSON object (Content-Type: application/json)", 400
+        )
+    msgs = []
+    for err in errors[:3]:
+        p = _loc_to_param(tuple(err.get("loc", ())))
+        msgs.append(f"{p}: {err.get('msg')}" if p else str(err.get("msg")))
+    return OpenAIError("; ".join(msgs), 400, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every error into an OpenAI error body."""
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> OrjsonResponse:
+        return error_response(exc.message, exc.status, exc.param, exc.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> OrjsonResponse:
+        e = validation_error_to_openai(exc)
+        return error_response(e.message, e.status, e.param, e.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
+        if exc.status_code == 404:
+            msg = f"unknown route {request.method} {request.url.path}"
+        elif exc.status_code == 400 and "parsing the body" in str(exc.detail):
+            msg = "invalid request body: not valid UTF-8 JSON"
+        else:
+            msg = str(exc.detail) or HTTPStatus(exc.status_code).phrase
+        return error_response(msg, exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception) -> OrjsonResponse:
+        logger.exception("internal error while serving a request")
+        return error_response(f"internal server error: {exc!r}", 500)

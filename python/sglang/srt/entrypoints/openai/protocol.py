@@ -1,0 +1,176 @@
+"""Pydantic models of the OpenAI-compatible request bodies (/v1/completions, /v1/chat/completions).
+
+Field names, defaults and ranges follow the OpenAI API; SGLang's extra sampling fields (top_k,
+min_p, repetition_penalty, ...) are accepted at the top level, which is where the openai client's
+`extra_body` puts them. Invalid values fail validation, and the server answers 400 with a message
+naming the field (see errors.py). Responses are built as plain dicts by the serving modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_ALLOWED_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Sampling fields shared by completions and chat; `to_sampling_params` maps them to SGLang's
+    native sampling_params dict (upstream names: max_new_tokens, sampling_seed, ...)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = "default"
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # SGLang extensions (openai's extra_body)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    max_draft_tokens: int | None = Field(None, ge=0)
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    rid: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and any(not isinstance(s, str) or s == "" for s in v):
+            raise ValueError("stop strings must be non-empty")
+        if v == "":
+            raise ValueError("stop string must be non-empty")
+        return v
+
+    def to_sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        """The native `sampling_params` dict; unset fields are left out (engine defaults)."""
+        sp: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "n": self.n,
+            "stop": self.stop,
+            "sampling_seed": self.seed,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "min_new_tokens": self.min_tokens,
+            "ignore_eos": self.ignore_eos,
+            "stop_token_ids": self.stop_token_ids,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "no_stop_trim": self.no_stop_trim,
+            "logit_bias": self.logit_bias,
+            "max_draft_tokens": self.max_draft_tokens,
+            "regex": self.regex,
+            "json_schema": self.json_schema,
+            "ebnf": self.ebnf,
+        }
+        return {k: v for k, v in sp.items() if v is not None and not (k == "n" and v == 1)}
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions. `prompt` is text, token ids, or a list of either."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int = Field(16, ge=0)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and (len(v) == 0 or any(isinstance(p, list) and not p for p in v)):
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, v: str) -> str:
+        if v not in _ALLOWED_ROLES:
+            raise ValueError(f"unknown role '{v}'; expected one of {', '.join(_ALLOWED_ROLES)}")
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for part in v:
+                if part.type != "text" or part.text is None:
+                    raise ValueError(
+                        f"unsupported content part type '{part.type}'; only 'text' parts "
+                        "with a 'text' field are supported"
+                    )
+        return v
+
+    def text(self) -> str:
+        """The message content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    chat_template_kwargs: dict | None = None
+    continue_final_message: bool = False
+
+    def max_new_tokens(self) -> int | None:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
+        )
+
+
+FinishReason = Literal["stop", "length", "abort"] | None

@@ -1,0 +1,1 @@
+"""Prometheus metrics of the server (see collector.py)."""

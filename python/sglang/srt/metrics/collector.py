@@ -1,0 +1,159 @@
+"""Prometheus metrics of the serving front end (exposed at GET /metrics with --enable-metrics).
+
+Metric names follow upstream SGLang (docs/references/production_metrics.md): a "sglang:" prefix and
+a `model_name` label. Each server owns one CollectorRegistry, so several servers (or tests) in one
+process never share or clash on metrics.
+
+Writers: the TokenizerManager calls `observe_first_token` (optional) and `observe_request_finished`
+once per finished request; the HTTP layer calls `set_internal_state` with the scheduler's
+`get_internal_state()` dict at scrape time.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+# Bucket bounds in seconds (upstream's defaults, rounded).
+# fmt: off
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 15.0, 20.0, 25.0, 30.0)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
+               0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0,
+               100.0, 200.0, 400.0, 800.0)
+# fmt: on
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class TokenizerMetricsCollector:
+    """Counters, histograms and gauges for one server, in their own registry.
+
+    Args:
+        labels: constant label values, normally {"model_name": served_model_name}.
+        registry: registry to register into (default: a fresh one).
+    """
+
+    def __init__(self, labels: dict[str, str], registry: CollectorRegistry | None = None) -> None:
+        self.labels = dict(labels)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._lock = threading.Lock()
+        self._ttft_from_first_token = False  # set once observe_first_token is used
+        self._init_counters()
+        self._init_histograms()
+        self._init_gauges()
+
+    # ---- construction -------------------------------------------------------------------
+    def _counter(self, name: str, doc: str) -> Counter:
+        c = Counter(name, doc, list(self.labels), registry=self.registry)
+        return c.labels(**self.labels)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        h = Histogram(name, doc, list(self.labels), buckets=buckets, registry=self.registry)
+        return h.labels(**self.labels)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        g = Gauge(name, doc, list(self.labels), registry=self.registry)
+        return g.labels(**self.labels)
+
+    def _init_counters(self) -> None:
+        self.prompt_tokens = self._counter("sglang:prompt_tokens", "Number of prefill tokens.")
+        self.generation_tokens = self._counter(
+            "sglang:generation_tokens", "Number of generation tokens."
+        )
+        self.cached_tokens = self._counter(
+            "sglang:cached_tokens", "Number of prompt tokens served from the prefix cache."
+        )
+        self.num_requests = self._counter("sglang:num_requests", "Number of finished requests.")
+
+    def _init_histograms(self) -> None:
+        self.ttft = self._histogram(
+            "sglang:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = self._histogram(
+            "sglang:inter_token_latency_seconds", "Inter-token latency in seconds.", ITL_BUCKETS
+        )
+        self.tpot = self._histogram(
+            "sglang:time_per_output_token_seconds",
+            "Time per output token (after the first) in seconds.",
+            ITL_BUCKETS,
+        )
+        self.e2e = self._histogram(
+            "sglang:e2e_request_latency_seconds",
+            "End-to-end request latency in seconds.",
+            E2E_BUCKETS,
+        )
+
+    def _init_gauges(self) -> None:
+        self.num_running_reqs = self._gauge("sglang:num_running_reqs", "Running requests.")
+        self.num_queue_reqs = self._gauge("sglang:num_queue_reqs", "Requests in the waiting queue.")
+        self.num_used_tokens = self._gauge("sglang:num_used_tokens", "KV slots in use (tokens).")
+        self.token_usage = self._gauge("sglang:token_usage", "Fraction of the KV pool in use.")
+        self.cache_hit_rate = self._gauge("sglang:cache_hit_rate", "Prefix cache hit rate.")
+        self.spec_accept_length = self._gauge(
+            "sglang:spec_accept_length", "Average speculative accept length (tokens per verify)."
+        )
+
+    # ---- writers ----------------------------------------------------------------------------
+    def observe_first_token(self, ttft_s: float) -> None:
+        """Record one request's time to first token (seconds). Once this is used, TTFT is no
+        longer taken from `observe_request_finished`, so no request is counted twice."""
+        with self._lock:
+            self._ttft_from_first_token = True
+            self.ttft.observe(ttft_s)
+
+    def observe_request_finished(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        ttft_s: float | None,
+        itls_s: list[float],
+        e2e_s: float,
+        spec_accept_length: float | None = None,
+    ) -> None:
+        """Record one finished request. Times in seconds; itls_s are the gaps between
+        consecutive token deliveries (one entry per step after the first)."""
+        with self._lock:
+            self.num_requests.inc()
+            self.prompt_tokens.inc(prompt_tokens)
+            self.generation_tokens.inc(completion_tokens)
+            self.cached_tokens.inc(cached_tokens)
+            if ttft_s is not None and not self._ttft_from_first_token:
+                self.ttft.observe(ttft_s)
+            for gap in itls_s:
+                self.itl.observe(gap)
+            if ttft_s is not None and completion_tokens > 1:
+                self.tpot.observe((e2e_s - ttft_s) / (completion_tokens - 1))
+            self.e2e.observe(e2e_s)
+            if spec_accept_length is not None:
+                self.spec_accept_length.set(spec_accept_length)
+
+    def set_internal_state(self, state: dict) -> None:
+        """Set the gauges from TokenizerManager.get_internal_state() (missing keys skipped)."""
+        with self._lock:
+            if "num_running_reqs" in state:
+                self.num_running_reqs.set(state["num_running_reqs"])
+            if "num_waiting_reqs" in state:
+                self.num_queue_reqs.set(state["num_waiting_reqs"])
+            if "token_usage" in state:
+                self.token_usage.set(state["token_usage"])
+            if "cache_hit_rate" in state:
+                self.cache_hit_rate.set(state["cache_hit_rate"])
+            if "kv_pool_size" in state and "kv_available_tokens" in state:
+                self.num_used_tokens.set(state["kv_pool_size"] - state["kv_available_tokens"])
+            if state.get("avg_spec_accept_length") is not None:
+                self.spec_accept_length.set(state["avg_spec_accept_length"])
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format (content type: CONTENT_TYPE)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,329 @@
+"""Native HTTP endpoints of `python -m sglang.launch_server`, against a live server subprocess
+running a tiny random-weight Llama on CPU: /generate (text, ids, batch, stream, logprobs),
+info endpoints, metrics, 64 concurrent streams, client disconnect, abort, SIGTERM shutdown.
+
+`ServerProcess` is also used by test_openai_server.py, test_http_errors.py and
+test_bench_serving.py (one server per module)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import aiohttp
+import psutil
+import pytest
+import requests
+
+READY = "The server is fired up and ready to roll!"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m sglang.launch_server` in a subprocess; waits for the ready line."""
+
+    def __init__(self, model_path: str, *extra: str, api_key: str | None = None) -> None:
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model_path,
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            *extra,
+        ]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self._wait_ready(timeout_s=180)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if READY in self.log_text():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server did not start:\n{self.log_text()[-4000:]}")
+
+    def log_text(self) -> str:
+        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def get(self, path: str, **kw) -> requests.Response:
+        return requests.get(self.base_url + path, headers=self.headers, timeout=60, **kw)
+
+    def post(self, path: str, body: dict, **kw) -> requests.Response:
+        return requests.post(
+            self.base_url + path, json=body, headers=self.headers, timeout=60, **kw
+        )
+
+    def internal_state(self) -> dict:
+        return self.get("/get_server_info").json()["internal_states"][0]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        os.unlink(self.log.name)
+
+
+def sse_events(resp: requests.Response, lines=None) -> list:
+    """Payloads of a `data:` stream; the final [DONE] is kept as the string "[DONE]"."""
+    out = []
+    for line in lines if lines is not None else resp.iter_lines():
+        if line.startswith(b"data: "):
+            payload = line[6:]
+            out.append("[DONE]" if payload == b"[DONE]" else json.loads(payload))
+    return out
+
+
+def greedy(n: int) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    srv = ServerProcess(tiny_model_dir, "--enable-metrics")
+    yield srv
+    srv.stop()
+
+
+# ---- basic endpoints ---------------------------------------------------------------------------
+def test_info_endpoints(server, tiny_model_dir):
+    assert server.get("/health").status_code == 200
+    info = server.get("/get_model_info").json()
+    assert info["model_path"] == tiny_model_dir and info["is_generation"] is True
+    assert info["tokenizer_path"] == tiny_model_dir
+    models = server.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [info["served_model_name"]]
+    state = server.internal_state()
+    assert state["kv_pool_size"] > 0 and state["num_running_reqs"] == 0
+    assert server.get("/health_generate").status_code == 200
+    assert server.get("/flush_cache").status_code == 200
+    assert server.post("/flush_cache", {}).status_code == 200
+
+
+def test_generate_text_ids_batch_and_stream(server):
+    out = server.post(
+        "/generate", {"text": "The capital of France is", "sampling_params": greedy(6)}
+    ).json()
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 6 == len(out["output_ids"])
+    assert meta["finish_reason"]["type"] == "length"
+    ids = server.post("/generate", {"input_ids": [1, 2, 3, 4], "sampling_params": greedy(6)})
+    batch = server.post(
+        "/generate", {"text": ["The capital of France is", "Hello"], "sampling_params": greedy(6)}
+    ).json()
+    assert isinstance(batch, list) and len(batch) == 2
+    assert batch[0]["output_ids"] == out["output_ids"]
+    hello = server.post("/generate", {"text": "Hello", "sampling_params": greedy(6)}).json()
+    assert batch[1]["output_ids"] == hello["output_ids"]
+    assert ids.json()["meta_info"]["prompt_tokens"] == 4
+    r = server.post(
+        "/generate",
+        {"text": "The capital of France is", "stream": True, "sampling_params": greedy(6)},
+        stream=True,
+    )
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert [len(c["output_ids"]) for c in chunks] == sorted(len(c["output_ids"]) for c in chunks)
+    assert chunks[-1]["output_ids"] == out["output_ids"] and chunks[-1]["text"] == out["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_generate_logprobs(server):
+    out = server.post(
+        "/generate",
+        {
+            "text": "One two three",
+            "sampling_params": greedy(5),
+            "return_logprob": True,
+            "top_logprobs_num": 3,
+        },
+    ).json()
+    meta = out["meta_info"]
+    lps, tops = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    assert [t[1] for t in lps] == out["output_ids"]
+    assert len(tops) == 5 and all(len(row) == 3 for row in tops)
+    for (lp, tid, _), row in zip(lps, tops, strict=True):
+        assert row[0][1] == tid and row[0][0] == pytest.approx(lp)  # greedy = top-1
+        assert row[0][0] >= row[1][0] >= row[2][0]
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def test_metrics_count_exactly(server):
+    names = [
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+        "sglang:num_requests_total",
+        "sglang:e2e_request_latency_seconds_count",
+        "sglang:time_to_first_token_seconds_count",
+    ]
+    before = server.get("/metrics").text
+    out = server.post(
+        "/generate", {"text": "count these tokens please", "sampling_params": greedy(7)}
+    ).json()
+    after = server.get("/metrics").text
+    delta = {n: _metric(after, n) - _metric(before, n) for n in names}
+    assert delta == {
+        "sglang:prompt_tokens_total": out["meta_info"]["prompt_tokens"],
+        "sglang:generation_tokens_total": 7,
+        "sglang:num_requests_total": 1,
+        "sglang:e2e_request_latency_seconds_count": 1,
+        "sglang:time_to_first_token_seconds_count": 1,
+    }
+    state = server.internal_state()
+    assert _metric(after, "sglang:num_running_reqs") == 0
+    used = state["kv_pool_size"] - state["kv_available_tokens"]
+    assert _metric(server.get("/metrics").text, "sglang:num_used_tokens") == used
+
+
+# ---- concurrency and cancellation --------------------------------------------------------------
+async def _stream_text(session: aiohttp.ClientSession, url: str, prompt: str) -> list[int]:
+    body = {"text": prompt, "stream": True, "sampling_params": greedy(6)}
+    last = None
+    async with session.post(url + "/generate", json=body) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                last = json.loads(line[6:])
+    assert last["meta_info"]["finish_reason"]["type"] == "length"
+    return last["output_ids"]
+
+
+@pytest.mark.slow
+def test_64_concurrent_streams_match_solo(server):
+    prompts = [f"Request {i}: write about topic number {i * 7 % 13}" for i in range(64)]
+
+    async def run_all() -> list[list[int]]:
+        async with aiohttp.ClientSession() as s:
+            return await asyncio.gather(*[_stream_text(s, server.base_url, p) for p in prompts])
+
+    together = asyncio.run(run_all())
+    alone = [
+        server.post("/generate", {"text": p, "sampling_params": greedy(6)}).json() for p in prompts
+    ]
+    assert together == [a["output_ids"] for a in alone]
+    assert server.internal_state()["num_running_reqs"] == 0
+
+
+def _wait_idle_and_no_leak(server: ServerProcess, timeout_s: float) -> tuple[float, dict]:
+    start = time.time()
+    while True:
+        s = server.internal_state()
+        held = s["radix_cache_tokens"]
+        if s["num_running_reqs"] == 0 and s["kv_available_tokens"] + held == s["kv_pool_size"]:
+            return time.time() - start, s
+        if time.time() - start > timeout_s:
+            raise AssertionError(f"KV not freed after {timeout_s}s: {s}")
+        time.sleep(0.05)
+
+
+def _open_long_stream(server: ServerProcess, rid: str):
+    """Start a 2000-token stream, read 6 frames; return (response, line iterator, s/token)."""
+    body = {
+        "text": "Tell me a very long story.",
+        "stream": True,
+        "rid": rid,
+        "sampling_params": greedy(2000),
+    }
+    resp = requests.post(server.base_url + "/generate", json=body, stream=True, timeout=60)
+    lines = resp.iter_lines()
+    times = []
+    while len(times) < 6:
+        if next(lines).startswith(b"data: "):
+            times.append(time.time())
+    return resp, lines, (times[-1] - times[0]) / 5
+
+
+def test_client_disconnect_frees_kv(server):
+    resp, _, per_token = _open_long_stream(server, "disconnect-me")
+    state = server.internal_state()
+    assert state["num_running_reqs"] == 1
+    resp.close()  # the client goes away mid-stream
+    remaining_s = (2000 - 6) * per_token  # how long the request would still run
+    freed_after, _ = _wait_idle_and_no_leak(server, timeout_s=min(5.0, remaining_s / 2))
+    assert freed_after < remaining_s / 2
+
+
+def test_abort_request_endpoint(server):
+    resp, lines, per_token = _open_long_stream(server, "abort-me")
+    assert server.post("/abort_request", {"rid": "abort-me"}).status_code == 200
+    start = time.time()
+    events = sse_events(resp, lines)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(events[-2]["output_ids"]) < 2000
+    assert time.time() - start < max(2.0, (2000 - 6) * per_token / 2)
+    _wait_idle_and_no_leak(server, timeout_s=5.0)
+
+
+# ---- shutdown -----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_stops_every_process(tiny_model_dir):
+    srv = ServerProcess(tiny_model_dir)
+    main = psutil.Process(srv.proc.pid)
+    family = [main, *main.children(recursive=True)]
+    assert len(family) >= 2  # the server and at least the scheduler
+    # a client is mid-stream while the server is told to stop
+    stream = threading.Thread(target=lambda: _drain_quietly(srv), daemon=True)
+    stream.start()
+    time.sleep(0.5)
+    start = time.time()
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(10)
+    gone_at = time.time() - start
+    _, alive = psutil.wait_procs(family, timeout=max(0.1, 5.0 - gone_at))
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [] and gone_at < 5.0
+    os.unlink(srv.log.name)
+
+
+def _drain_quietly(srv: ServerProcess) -> None:
+    try:
+        body = {"text": "Go on forever", "stream": True, "sampling_params": greedy(2000)}
+        with requests.post(srv.base_url + "/generate", json=body, stream=True, timeout=30) as r:
+            for _ in r.iter_lines():
+                pass
+    except requests.RequestException:
+        pass
