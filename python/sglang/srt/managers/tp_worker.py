@@ -35,17 +35,28 @@ class TpModelWorker:
         t0 = time.perf_counter()
         fb = self.model_runner.build_forward_batch(mwb)
         logits = self.model_runner.forward(fb).next_token_logits  # [num_rows, V] float32
+        result = self.sample(mwb, logits)
+        self.synchronize()
+        result.forward_time_s = time.perf_counter() - t0
+        return result
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def sample(self, mwb: ModelWorkerBatch, logits: torch.Tensor) -> GenerationBatchResult:
+        """Sample the last row of every request with sample[i]; score prompt-logprob rows."""
         bs = mwb.batch_size
         row_end = torch.tensor(mwb.num_logit_rows).cumsum(0).tolist()
-        sample_rows = [row_end[i] - 1 for i in range(bs) if mwb.sample[i]]
+        sampled_idx = [i for i in range(bs) if mwb.sample[i]]
         next_ids: list[int | None] = [None] * bs
         next_lps: list[float | None] = [None] * bs
         next_tops: list[list[tuple[float, int]] | None] = [None] * bs
-        if sample_rows:
-            sampled_idx = [i for i in range(bs) if mwb.sample[i]]
+        if sampled_idx:
+            rows = torch.tensor([row_end[i] - 1 for i in sampled_idx], device=logits.device)
             top_nums = [mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0 for i in sampled_idx]
             out = self.sampler(
-                logits[torch.tensor(sample_rows, device=logits.device)],
+                logits[rows],
                 mwb.sampling_info,
                 return_logprob=mwb.return_logprob,
                 top_logprobs_nums=top_nums,
@@ -64,9 +75,6 @@ class TpModelWorker:
             result.next_token_logprobs = next_lps
             result.next_top_logprobs = next_tops
             self._input_logprobs(mwb, logits, row_end, result)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        result.forward_time_s = time.perf_counter() - t0
         return result
 
     @staticmethod
