@@ -159,10 +159,14 @@ def test_logprobs(engine, reference):
     assert len(meta["input_token_logprobs"]) == n_prompt
     assert meta["input_token_logprobs"][0][0] is None
     assert len(meta["output_token_logprobs"]) == len(out["output_ids"]) == 12
-    for (lp, tid, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+    for (lp, tid, _), top in zip(
+        meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True
+    ):
         assert lp <= 0 and len(top) == 3
         assert top[0][1] == tid and abs(top[0][0] - lp) < 1e-5  # greedy picks the top token
-    for (lp, _, _), top in zip(meta["input_token_logprobs"][1:], meta["input_top_logprobs"][1:]):
+    for (lp, _, _), top in zip(
+        meta["input_token_logprobs"][1:], meta["input_top_logprobs"][1:], strict=True
+    ):
         assert lp <= top[0][0] + 1e-6
     # Prompt logprobs are the same whether the prompt is computed in one piece or after a hit.
     again = engine.generate(
@@ -170,7 +174,7 @@ def test_logprobs(engine, reference):
     )
     tail = again["meta_info"]["input_token_logprobs"]
     assert len(tail) == n_prompt - 5
-    for (a, _, _), (b, _, _) in zip(tail[1:], meta["input_token_logprobs"][6:]):
+    for (a, _, _), (b, _, _) in zip(tail[1:], meta["input_token_logprobs"][6:], strict=True):
         assert abs(a - b) < 1e-4
     assert_no_kv_leak(engine)
 

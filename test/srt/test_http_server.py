@@ -67,8 +67,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.2)
+        text = self.log_text()
         self.stop()
-        raise RuntimeError(f"server did not start:\n{self.log_text()[-4000:]}")
+        raise RuntimeError(f"server did not start:\n{text[-4000:]}")
 
     def log_text(self) -> str:
         with open(self.log.name, encoding="utf-8", errors="replace") as f:

@@ -40,4 +40,47 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         raise ValueError("--max-total-tokens must be >= 16")
     if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static < 1:
         raise ValueError("--mem-fraction-static must be in (0, 1)")
+    resolve_speculative_args(a, bundled=args.model_path is None)
     return a
+
+
+def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
+    """Upstream's speculative flags; this fork drafts chains (topk 1) of up to K tokens."""
+    if a.speculative_algorithm is None:
+        return
+    algo = a.speculative_algorithm.upper()
+    if algo not in ("EAGLE", "EAGLE3"):
+        raise ValueError(
+            f"--speculative-algorithm {a.speculative_algorithm!r} is not supported; "
+            "choose EAGLE3 or EAGLE"
+        )
+    a.speculative_algorithm = algo
+    if a.speculative_eagle_topk not in (None, 1):
+        raise ValueError(
+            f"--speculative-eagle-topk {a.speculative_eagle_topk} is not supported: this server "
+            "drafts chains only (topk 1); per-request draft lengths replace tree drafting"
+        )
+    a.speculative_eagle_topk = 1
+    if a.speculative_num_steps is None:
+        a.speculative_num_steps = (
+            a.speculative_num_draft_tokens - 1 if a.speculative_num_draft_tokens else 3
+        )
+    if a.speculative_num_steps < 1:
+        raise ValueError("--speculative-num-steps must be >= 1")
+    if a.speculative_num_draft_tokens is None:
+        a.speculative_num_draft_tokens = a.speculative_num_steps + 1
+    if a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
+        raise ValueError(
+            f"--speculative-num-draft-tokens must equal --speculative-num-steps + 1 for chains "
+            f"(got {a.speculative_num_draft_tokens} and {a.speculative_num_steps})"
+        )
+    if a.speculative_draft_model_path is None:
+        from sglang.srt.speculative.bundled_draft import bundled_draft_path
+
+        path = bundled_draft_path() if bundled else None
+        if path is None:
+            raise ValueError(
+                "--speculative-draft-model-path is required (a bundled EAGLE-3 draft exists only "
+                "for the bundled SmolLM2-135M-Instruct)"
+            )
+        a.speculative_draft_model_path = path

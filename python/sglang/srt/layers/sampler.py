@@ -108,9 +108,25 @@ class Sampler(nn.Module):
 
     @staticmethod
     def _sample(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-        probs = torch.softmax(processed / info.temperatures, dim=-1)  # [bs, V] float32
-        if info.need_top_k or info.need_top_p or info.need_min_p:
-            probs = top_k_top_p_min_p_renorm(probs, info.top_ks, info.top_ps, info.min_ps)
+        probs = sampling_probs(processed, info, one_hot_greedy=False)
         sampled = sample_from_probs(probs, info.seeds, info.random_positions, STREAM_SAMPLE)
         greedy = torch.argmax(processed, dim=-1)  # [bs] int64
         return torch.where(info.greedy_mask, greedy, sampled)
+
+
+def sampling_probs(
+    processed: torch.Tensor, info: SamplingBatchInfo, one_hot_greedy: bool = True
+) -> torch.Tensor:
+    """The distribution each row samples from: softmax(processed / temperature), filtered by
+    top-k / top-p / min-p and renormalised; greedy rows become one-hot at the argmax when
+    one_hot_greedy (so speculative sampling treats them exactly like greedy verification).
+
+    processed: [bs, V] float32 logits after apply_logits_processors. Returns [bs, V] float32.
+    """
+    probs = torch.softmax(processed / info.temperatures, dim=-1)  # [bs, V] float32
+    if info.need_top_k or info.need_top_p or info.need_min_p:
+        probs = top_k_top_p_min_p_renorm(probs, info.top_ks, info.top_ps, info.min_ps)
+    if one_hot_greedy and bool(info.greedy_mask.any()):
+        hot = torch.zeros_like(probs).scatter_(1, processed.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(info.greedy_mask.view(-1, 1), hot, probs)
+    return probs

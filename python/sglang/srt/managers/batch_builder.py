@@ -30,8 +30,10 @@ class BatchBuilder:
         self.policy = SchedulePolicy(sa.schedule_policy, scheduler.tree_cache)
         self.chunk_size = sa.chunked_prefill_size
         self.chunking = self.chunk_size is not None and self.chunk_size > 0
-        self.token_budget = min(sa.max_prefill_tokens, self.chunk_size) if self.chunking else (
-            sa.max_prefill_tokens
+        self.token_budget = (
+            min(sa.max_prefill_tokens, self.chunk_size)
+            if self.chunking
+            else (sa.max_prefill_tokens)
         )
         self.max_running = sa.max_running_requests
 
@@ -44,7 +46,9 @@ class BatchBuilder:
 
     def running_reserve(self) -> int:
         ratio = self.s.new_token_ratio
-        return sum(int(min(remaining_new_tokens(r), NEW_TOKEN_CLIP) * ratio) for r in self.s.running)
+        return sum(
+            int(min(remaining_new_tokens(r), NEW_TOKEN_CLIP) * ratio) for r in self.s.running
+        )
 
     def get_new_prefill_batch(self) -> ScheduleBatch | None:
         s = self.s
@@ -56,7 +60,9 @@ class BatchBuilder:
             token_budget=self.token_budget,
             available_kv=s.kv.available_with_eviction(),
             running_reserve=self.running_reserve(),
-            free_req_slots=min(self.max_running - len(s.running), s.req_to_token_pool.available_size()),
+            free_req_slots=min(
+                self.max_running - len(s.running), s.req_to_token_pool.available_size()
+            ),
             new_token_ratio=s.new_token_ratio,
             chunking=self.chunking,
         )
@@ -67,7 +73,12 @@ class BatchBuilder:
             s.chunked_req = None
         for req in self.policy.order(list(s.waiting_queue)):
             prefix = self.match_prefix(req)
+            # Locking the matched prefix makes it unevictable: count that before deciding.
+            s.tree_cache.inc_lock_ref(req.last_node)
+            adder.available_kv = s.kv.available_with_eviction() - sum(adder.extend_lens)
             if adder.try_add(req, len(prefix)) == 0:
+                s.tree_cache.dec_lock_ref(req.last_node)
+                req.last_node = None
                 break
             s.waiting_queue.remove(req)
             self.admit(req, prefix)
@@ -88,13 +99,14 @@ class BatchBuilder:
         return res.device_indices[:limit]
 
     def admit(self, req: Req, prefix: torch.Tensor) -> None:
-        """Give a waiting request its request slot and its cached prefix."""
+        """Give a waiting request its request slot and its cached prefix (already locked)."""
         s = self.s
         req.req_pool_idx = s.req_to_token_pool.alloc(1)[0]
-        s.tree_cache.inc_lock_ref(req.last_node)
         req.prefix_indices = prefix
         s.kv.assign_slots(req, 0, prefix)
         req.kv_len = len(prefix)
+        if s.spec is not None:
+            s.spec.on_admit(req)
         if req.num_retractions == 0:
             req.cached_tokens = len(prefix)
             s.stats["prompt_tokens"] += len(req.origin_input_ids)
@@ -113,9 +125,14 @@ class BatchBuilder:
         return ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.EXTEND, is_final_chunk=final)
 
     def get_decode_batch(self) -> ScheduleBatch | None:
+        """One decode step for every running request: 1 + d_i tokens each (d_i = 0 without
+        speculation). Under memory pressure drafts are dropped first, then requests retracted."""
         s = self.s
         if not s.running:
             return None
+        lens = s.spec.choose_draft_lens(s.running) if s.spec else [0] * len(s.running)
+        if s.kv.available_with_eviction() < len(s.running) + sum(lens):
+            lens = [0] * len(s.running)
         if s.kv.available_with_eviction() < len(s.running):
             retracted = s.kv.retract_for(s.running, len)
             for req in retracted:
@@ -123,6 +140,7 @@ class BatchBuilder:
             s.waiting_queue[:0] = retracted
             s.stats["num_retractions"] += len(retracted)
             s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1 * len(retracted))
+            lens = [0] * len(s.running)
             if s.kv.available_with_eviction() < len(s.running):
                 # A single request larger than the whole pool: finish it where it is.
                 req = s.running.pop()
@@ -131,12 +149,16 @@ class BatchBuilder:
                 return self.get_decode_batch()
         else:
             s.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, s.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        slots = s.kv.alloc_tokens(len(s.running))
-        for req, slot in zip(s.running, slots, strict=True):
-            s.kv.assign_slots(req, req.kv_len, slot.view(1))
-            req.extend_input_len = 1
+        slots = s.kv.alloc_tokens(len(s.running) + sum(lens))
+        offset = 0
+        for req, d in zip(s.running, lens, strict=True):
+            s.kv.assign_slots(req, req.kv_len, slots[offset : offset + 1 + d])
+            req.extend_input_len = 1 + d
+            req.draft_len = d
+            offset += 1 + d
         reqs = list(s.running)
-        return ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.DECODE, is_final_chunk=[True] * len(reqs))
+        mode = ForwardMode.TARGET_VERIFY if any(lens) else ForwardMode.DECODE
+        return ScheduleBatch(reqs=reqs, forward_mode=mode, is_final_chunk=[True] * len(reqs))
 
     # ---------------------------------------------------------------- plan
     def build_model_worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:
@@ -147,17 +169,25 @@ class BatchBuilder:
         targets: list[list[int]] = []
         for req, final in zip(batch.reqs, batch.is_final_chunk, strict=True):
             start, n = req.kv_len, req.extend_input_len
-            fill = req.fill_ids
-            input_ids.extend(fill[start : start + n])
+            ids = req.fill_ids[start : start + n]
+            input_ids.extend(ids + [0] * (n - len(ids)))  # draft tokens are filled by the worker
             slots.append(s.kv.req_slots(req, start, start + n))
-            tgt = self.input_logprob_targets(req, start, n, final)
+            if batch.forward_mode == ForwardMode.EXTEND:
+                tgt = self.input_logprob_targets(req, start, n, final)
+                num_rows.append(len(tgt) + (1 if final else 0))
+            else:  # decode / verify: every computed token gets a logits row
+                tgt = []
+                num_rows.append(n)
             targets.append(tgt)
-            num_rows.append(len(tgt) + (1 if final else 0))
         sampled = [r for r, f in zip(batch.reqs, batch.is_final_chunk, strict=True) if f]
-        info = SamplingBatchInfo.from_reqs(
-            sampled, s.model_config.vocab_size, s.tp_worker.device, s.model_config.eos_token_ids
-        ) if sampled else None
-        return ModelWorkerBatch(
+        info = (
+            SamplingBatchInfo.from_reqs(
+                sampled, s.model_config.vocab_size, s.tp_worker.device, s.model_config.eos_token_ids
+            )
+            if sampled
+            else None
+        )
+        mwb = ModelWorkerBatch(
             forward_mode=batch.forward_mode,
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             out_cache_loc=torch.cat(slots),
@@ -172,6 +202,9 @@ class BatchBuilder:
             return_logprob=any(r.return_logprob for r in batch.reqs),
             top_logprobs_nums=[r.top_logprobs_num for r in batch.reqs],
         )
+        if s.spec is not None:
+            mwb.spec = s.spec.build_plan(batch)
+        return mwb
 
     @staticmethod
     def input_logprob_targets(req: Req, start: int, n: int, final: bool) -> list[int]:

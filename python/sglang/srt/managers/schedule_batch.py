@@ -72,6 +72,14 @@ class Req:
 
         # This step's plan
         self.extend_input_len = 0  # tokens computed this step
+        self.draft_len = 0  # speculative draft tokens verified this step (d_i)
+
+        # Speculative decoding (None when off): draft state and per-request statistics
+        self.draft: Any = None  # EagleDraftInput
+        self.spec_verify_ct = 0  # decode (verify) forward passes
+        self.spec_num_proposed_drafts = 0
+        self.spec_num_correct_drafts = 0
+        self.spec_accept_histogram: list[int] = []  # [k] steps that accepted k drafts (d > 0)
 
         # Lifecycle
         self.finished_reason: FinishReason | None = None
@@ -108,6 +116,12 @@ class Req:
             and 0 <= self.logprob_start_len < len(self.origin_input_ids)
         )
 
+    def cacheable_len(self) -> int:
+        """Tokens whose KV may enter the prefix cache (target and, if speculating, draft)."""
+        if self.draft is None:
+            return self.kv_len
+        return min(self.kv_len, self.draft.draft_kv_len)
+
     def reset_for_retract(self) -> None:
         """Forget KV state; the request re-prefills origin_input_ids + output_ids later."""
         self.req_pool_idx = None
@@ -115,6 +129,8 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.num_retractions += 1
+        if self.draft is not None:
+            self.draft = type(self.draft)()
 
 
 @dataclass
@@ -142,6 +158,7 @@ class ModelWorkerBatch:
     sampling_info: Any  # SamplingBatchInfo over the sampled requests (rows where sample[i])
     return_logprob: bool = False
     top_logprobs_nums: list[int] = field(default_factory=list)  # [bs]
+    spec: Any = None  # SpecPlan when speculative decoding is on
 
     @property
     def batch_size(self) -> int:
@@ -158,6 +175,10 @@ class GenerationBatchResult:
     input_token_logprobs: list[list[float]] | None = None  # [bs][num input rows]
     input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     forward_time_s: float = 0.0
+    # Speculative steps: per-request accepted runs (replaces next_token_ids) ...
+    spec: Any = None  # SpecStepOutput | None
+    # ... and, for prefill steps, the target hidden state the draft still has to consume.
+    draft_hidden: list[torch.Tensor | None] | None = None  # [bs] [1, 3H] or None
 
 
 @dataclass

@@ -30,7 +30,9 @@ class SchedulePolicy:
     def order(self, waiting: list[Req]) -> list[Req]:
         if self.policy == "fcfs" or len(waiting) <= 1:
             return waiting
-        lens = {id(r): len(self.tree_cache.match_prefix(r.fill_ids).device_indices) for r in waiting}
+        lens = {
+            id(r): len(self.tree_cache.match_prefix(r.fill_ids).device_indices) for r in waiting
+        }
         return sorted(waiting, key=lambda r: -lens[id(r)])
 
 

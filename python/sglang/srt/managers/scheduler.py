@@ -8,7 +8,6 @@ priority; otherwise one decode token per running request) -> run -> commit -> se
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -28,10 +27,12 @@ from sglang.srt.managers.kv_planner import KVPlanner
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import INIT_NEW_TOKEN_RATIO
 from sglang.srt.managers.scheduler_output_processor import OutputProcessor
+from sglang.srt.managers.spec_scheduler import SpecScheduler
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,15 @@ class Scheduler:
 
     # ---------------------------------------------------------------- init
     def init_worker(self) -> None:
-        self.tp_worker = TpModelWorker(self.model_config, self.server_args)
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(
+            self.server_args.speculative_algorithm
+        )
+        if self.spec_algorithm.is_none():
+            self.tp_worker = TpModelWorker(self.model_config, self.server_args)
+        else:
+            from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+            self.tp_worker = EAGLEWorkerV2(self.model_config, self.server_args)
         self.tokenizer = get_tokenizer(self.server_args.tokenizer_path)
 
     def init_memory_and_cache(self) -> None:
@@ -63,6 +72,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.spec = None if self.spec_algorithm.is_none() else SpecScheduler(self)
         self.builder = BatchBuilder(self)
         self.outputs = OutputProcessor(self)
         self.stats: dict[str, Any] = {
@@ -146,6 +156,8 @@ class Scheduler:
             input_text=msg.input_text,
         )
         self.outputs.init_detokenizer(req)
+        if self.spec is not None:
+            self.spec.on_new_request(req)
         limit = min(self.model_config.context_len, self.max_total_num_tokens - 1)
         if len(req.origin_input_ids) >= limit:
             req.finished_reason = FinishReason(
@@ -191,6 +203,7 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting_queue),
             "new_token_ratio": self.new_token_ratio,
             **self.stats,
+            **(self.spec.server_info() if self.spec is not None else {}),
         }
 
     def is_idle(self) -> bool:

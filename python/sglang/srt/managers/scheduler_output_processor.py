@@ -36,9 +36,16 @@ class OutputProcessor:
     # ---------------------------------------------------------------- commit
     def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         s = self.s
+        if result.spec is not None:
+            s.spec.commit_decode(batch, result)
+            s.running = [r for r in s.running if not r.finished()]
+            return
         for i, req in enumerate(batch.reqs):
+            start = req.kv_len
             req.kv_len += req.extend_input_len
             req.extend_input_len = 0
+            if s.spec is not None:
+                s.spec.commit_extend(req, start, batch.is_final_chunk[i], result, i)
             if result.input_token_logprobs is not None and result.input_token_logprobs[i]:
                 self.add_input_logprobs(req, result, i)
             if not batch.is_final_chunk[i]:
@@ -52,7 +59,9 @@ class OutputProcessor:
             lp = result.next_token_logprobs[i] if result.next_token_logprobs else None
             top = result.next_top_logprobs[i] if result.next_top_logprobs else None
             self.commit_tokens(req, [result.next_token_ids[i]], [lp], [top])
-            if batch.forward_mode.is_extend() and not req.finished() and req not in s.running:
+            if req.finished():
+                self.finish(req)
+            elif batch.forward_mode.is_extend() and req not in s.running:
                 s.running.append(req)
         s.running = [r for r in s.running if not r.finished()]
 
@@ -66,7 +75,8 @@ class OutputProcessor:
         """Append tokens one at a time, stopping at the first that finishes the request.
 
         Returns how many were appended. Used by plain decode (one token) and by speculative
-        verify (the accepted run plus the bonus token).
+        verify (the accepted run plus the bonus token). The caller settles the KV and then
+        calls finish() for a finished request.
         """
         appended = 0
         for tok, lp, top in zip(token_ids, logprobs, top_logprobs, strict=True):
@@ -79,7 +89,6 @@ class OutputProcessor:
             appended += 1
             self.check_finished(req, prev_text_len)
             if req.finished():
-                self.finish(req)
                 break
         if not req.finished() and req.stream:
             self.mark(req)
@@ -169,6 +178,7 @@ class OutputProcessor:
                 "prompt_tokens": len(req.origin_input_ids),
                 "completion_tokens": len(req.output_ids),
                 "cached_tokens": req.cached_tokens,
+                **(self.s.spec.meta_info(req) if self.s.spec is not None else {}),
             }
         )
         if req.return_logprob:

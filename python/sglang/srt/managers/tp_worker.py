@@ -54,7 +54,9 @@ class TpModelWorker:
         next_tops: list[list[tuple[float, int]] | None] = [None] * bs
         if sampled_idx:
             rows = torch.tensor([row_end[i] - 1 for i in sampled_idx], device=logits.device)
-            top_nums = [mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0 for i in sampled_idx]
+            top_nums = [
+                mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0 for i in sampled_idx
+            ]
             out = self.sampler(
                 logits[rows],
                 mwb.sampling_info,

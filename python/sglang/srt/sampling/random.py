@@ -39,6 +39,7 @@ K_STREAM = _signed(0x8CB92BA72F3D8DD7)
 STREAM_SAMPLE = 0
 STREAM_SPEC_ACCEPT = 1
 STREAM_SPEC_RESAMPLE = 2
+STREAM_DRAFT = 3  # draft tokens of speculative decoding (chain drafting)
 
 
 def to_int64_seed(seed: int) -> int:

@@ -1,0 +1,165 @@
+"""The scheduler's speculative-decoding half: per-request draft lengths for each step, the
+SpecPlan of a ModelWorkerBatch, and committing verify results (accepted tokens, KV of rejected
+drafts freed at once, draft state for the next step).
+
+All state lives on the scheduler's Req objects (req.draft is an EagleDraftInput); the worker
+only executes the plan. Draft length has one home per level: --speculative-num-steps (server
+default K), sampling param max_draft_tokens (per-request cap), req.draft_len (this step).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+# Pending target hidden states kept per request while it does not draft; beyond this the
+# request stops speculating for good instead of holding more memory.
+MAX_PENDING_HIDDEN = 1024
+
+
+class SpecScheduler:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+        self.num_steps = scheduler.server_args.speculative_num_steps  # K
+        self.stats = {
+            "spec_verify_steps": 0,  # request-steps in decode
+            "spec_committed_tokens": 0,  # tokens committed by those steps
+            "spec_drafting_steps": 0,  # request-steps with d > 0
+            "spec_proposed_drafts": 0,
+            "spec_accepted_drafts": 0,
+            "spec_last_step_share_drafting": 0.0,
+        }
+        self.accept_histogram = [0] * (self.num_steps + 1)
+
+    # ---------------------------------------------------------------- lifecycle
+    def on_new_request(self, req: Req) -> None:
+        req.draft = EagleDraftInput()
+        req.spec_accept_histogram = [0] * (self.num_steps + 1)
+
+    def on_admit(self, req: Req) -> None:
+        """The cached prefix carries valid draft KV (only such prefixes are cached)."""
+        req.draft.draft_kv_len = req.kv_len
+
+    # ---------------------------------------------------------------- decide
+    def draft_len_cap(self, req: Req) -> int:
+        """Largest useful d for req this step: K, the request's max_draft_tokens, the tokens it
+        may still generate (minus the bonus token) and its context room."""
+        if req.draft.stale or req.draft.num_pending != req.kv_len - req.draft.draft_kv_len:
+            return 0
+        sp = req.sampling_params
+        cap = self.num_steps
+        if sp.max_draft_tokens is not None:
+            cap = min(cap, sp.max_draft_tokens)
+        remaining = sp.max_new_tokens - len(req.output_ids)
+        room = self.s.model_config.context_len - req.seqlen
+        return max(0, min(cap, remaining - 1, room - 1))
+
+    def choose_draft_lens(self, reqs: list[Req]) -> list[int]:
+        """Static policy: every request drafts its cap (the adaptive policy replaces this)."""
+        return [self.draft_len_cap(r) for r in reqs]
+
+    # ---------------------------------------------------------------- plan
+    def build_plan(self, batch: ScheduleBatch) -> SpecPlan:
+        kv = self.s.kv
+        if batch.forward_mode == ForwardMode.EXTEND:
+            ext = []
+            for req, final in zip(batch.reqs, batch.is_final_chunk, strict=True):
+                start, n = req.kv_len, req.extend_input_len
+                e = n - 1 if final else n
+                ext.append(req.fill_ids[start + 1 : start + 1 + e])
+            return SpecPlan(draft_lens=[0] * len(batch.reqs), draft_extend_ids=ext)
+        plan = SpecPlan(draft_lens=[r.draft_len for r in batch.reqs])
+        for req in batch.reqs:
+            if req.draft_len > 0:
+                lo, n = req.draft.draft_kv_len, req.kv_len
+                plan.catchup_ids.append(req.fill_ids[lo + 1 : n + 1])
+                plan.catchup_prefix_lens.append(lo)
+                plan.catchup_slots.append(kv.req_slots(req, lo, n))
+                plan.catchup_hidden.append(req.draft.hidden_states)
+            else:
+                plan.catchup_ids.append([])
+                plan.catchup_prefix_lens.append(0)
+                plan.catchup_slots.append(None)
+                plan.catchup_hidden.append(None)
+        return plan
+
+    # ---------------------------------------------------------------- commit
+    def commit_extend(
+        self, req: Req, start: int, final: bool, result: GenerationBatchResult, i: int
+    ) -> None:
+        """After a prefill chunk: the draft extend covered the chunk (but its last position
+        when final, whose target hidden state stays pending until the first draft step)."""
+        d = req.draft
+        d.draft_kv_len = req.kv_len - (1 if final else 0)
+        d.hidden_states = None
+        if final and result.draft_hidden is not None and result.draft_hidden[i] is not None:
+            d.append(result.draft_hidden[i], MAX_PENDING_HIDDEN)
+
+    def commit_decode(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        s, spec = self.s, result.spec
+        drafting = 0
+        for i, req in enumerate(batch.reqs):
+            n, dlen = req.kv_len, req.draft_len
+            toks = spec.tokens[i]
+            lps = spec.logprobs[i] if spec.logprobs is not None else [None] * len(toks)
+            tops = spec.top_logprobs[i] if spec.top_logprobs is not None else [None] * len(toks)
+            appended = s.outputs.commit_tokens(req, toks, lps, tops)
+            # KV is valid for x_n and the appended tokens but the last; free the rest now.
+            req.kv_len = n + appended
+            s.kv.free_token_range(req, n + appended, n + 1 + dlen)
+            req.extend_input_len = req.draft_len = 0
+            self.update_draft_state(req, n, dlen, spec.hidden_states[i][:appended])
+            self.record(req, dlen, spec.num_accepted[i], appended)
+            drafting += dlen > 0
+            if req.finished():
+                s.outputs.finish(req)
+        self.stats["spec_last_step_share_drafting"] = drafting / max(1, len(batch.reqs))
+
+    @staticmethod
+    def update_draft_state(req: Req, n: int, dlen: int, hidden) -> None:
+        d = req.draft
+        if dlen > 0:  # the catch-up consumed the pending states; drafts beyond n are stale
+            d.draft_kv_len = n
+            d.hidden_states = None
+        d.append(hidden, MAX_PENDING_HIDDEN)
+
+    def record(self, req: Req, dlen: int, accepted: int, appended: int) -> None:
+        req.spec_verify_ct += 1
+        self.stats["spec_verify_steps"] += 1
+        self.stats["spec_committed_tokens"] += appended
+        if dlen > 0:
+            req.spec_num_proposed_drafts += dlen
+            req.spec_num_correct_drafts += accepted
+            req.spec_accept_histogram[accepted] += 1
+            self.accept_histogram[accepted] += 1
+            self.stats["spec_drafting_steps"] += 1
+            self.stats["spec_proposed_drafts"] += dlen
+            self.stats["spec_accepted_drafts"] += accepted
+
+    # ---------------------------------------------------------------- report
+    @staticmethod
+    def meta_info(req: Req) -> dict:
+        ct = max(1, req.spec_verify_ct)
+        proposed = req.spec_num_proposed_drafts
+        return {
+            "spec_verify_ct": req.spec_verify_ct,
+            "spec_accept_length": len(req.output_ids) / ct,
+            "spec_accept_rate": req.spec_num_correct_drafts / proposed if proposed else 0.0,
+            "spec_num_correct_drafts": req.spec_num_correct_drafts,
+            "spec_num_proposed_drafts": proposed,
+            "spec_accept_histogram": list(req.spec_accept_histogram),
+        }
+
+    def server_info(self) -> dict:
+        st = self.stats
+        return {
+            **st,
+            "avg_spec_accept_length": st["spec_committed_tokens"] / max(1, st["spec_verify_steps"]),
+            "spec_accept_histogram": list(self.accept_histogram),
+        }

@@ -1,0 +1,79 @@
+"""DraftRunner: the EAGLE-3 draft model, its one-layer KV pool and its attention backend.
+
+The draft KV pool is indexed by the same token slots as the target's (a draft KV entry for
+position t lives at the slot of the target's token t), so the scheduler's single allocator and
+req_to_token table serve both pools, and the radix cache shares draft KV with target KV.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import (
+    ForwardBatch,
+    ForwardMode,
+    build_positions_and_starts,
+)
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.speculative.draft_config import load_draft_model
+
+
+class DraftRunner:
+    def __init__(self, draft_path: str, target: ModelRunner) -> None:
+        self.device = target.device
+        self.dtype = target.dtype
+        self.req_to_token_pool = target.req_to_token_pool
+        self.model = load_draft_model(
+            draft_path, target.model, target.model_config, str(self.device), self.dtype
+        )
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_pool = MHATokenToKVPool(
+            target.max_total_num_tokens,
+            self.dtype,
+            cfg.num_key_value_heads,
+            head_dim,
+            1,
+            self.device,
+        )
+        self.attn_backend = create_attention_backend(target.server_args.attention_backend, self)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64 (device)
+        hidden_states: torch.Tensor,  # [T, 3 * target_hidden] or [T, draft_hidden]
+        req_pool_indices: list[int],  # [bs]
+        prefix_lens: list[int],  # [bs] draft positions before this call's tokens
+        extend_lens: list[int],  # [bs] tokens per request (>= 1)
+        out_cache_loc: torch.Tensor,  # [T] int64 KV slots
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft forward over ragged requests. Returns the last row of each request:
+        (logits [bs, draft_vocab] float32, hidden [bs, draft_hidden])."""
+        dev = self.device
+        positions, starts = build_positions_and_starts(prefix_lens, extend_lens, dev)
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+        last = starts + torch.tensor(extend_lens, dtype=torch.int64, device=dev) - 1
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            batch_size=len(extend_lens),
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=out_cache_loc.to(dev),
+            req_pool_indices=torch.tensor(req_pool_indices, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int64, device=dev),
+            extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
+            extend_start_loc=starts,
+            seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=list(extend_lens),
+            extend_prefix_lens_cpu=list(prefix_lens),
+            logits_indices=last,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+        )
+        self.attn_backend.init_forward_metadata(fb)
+        out = self.model.forward(input_ids, positions, fb, hidden_states)
+        return out.logits, out.hidden_states

@@ -1,0 +1,245 @@
+"""EAGLEWorkerV2: executes the scheduler's speculative plan (chain drafts, topk = 1).
+
+Stateless with respect to the batch: a ModelWorkerBatch (with its SpecPlan) comes in; per-request
+accepted tokens, accept lengths, target logprobs and the next draft inputs (target hidden states)
+go out. It never allocates or frees KV and never writes req_to_token: every slot it writes (draft
+KV of catch-up positions, of draft steps, target KV of verify tokens) was assigned by the
+scheduler. Requests with d_i = 0 are plain decode rows of the same verify forward.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
+from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.sampling.random import (
+    STREAM_DRAFT,
+    STREAM_SAMPLE,
+    STREAM_SPEC_ACCEPT,
+    sample_from_probs,
+    uniform_noise,
+)
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.draft_config import aux_layer_ids
+from sglang.srt.speculative.draft_runner import DraftRunner
+from sglang.srt.speculative.spec_info import SpecStepOutput
+from sglang.srt.speculative.verify import speculative_sample, verify_greedy
+
+
+class EAGLEWorkerV2:
+    def __init__(self, model_config: ModelConfig, server_args: ServerArgs) -> None:
+        self.target_worker = TpModelWorker(model_config, server_args)
+        self.model_runner = self.target_worker.model_runner
+        self.device = self.target_worker.device
+        self.vocab_size = model_config.vocab_size
+        self.draft = DraftRunner(server_args.speculative_draft_model_path, self.model_runner)
+        layers = aux_layer_ids(self.draft.model.config, model_config.num_hidden_layers)
+        self.model_runner.model.set_eagle3_layers_to_capture(layers)
+        vd = self.draft.model.config.draft_vocab_size or self.vocab_size
+        self.draft_to_target = self.draft.model.map_to_target(
+            torch.arange(vd, device=self.device)
+        )  # [draft_vocab] int64
+
+    @property
+    def pools(self) -> tuple:
+        return self.target_worker.pools
+
+    def forward_batch_generation(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+        t0 = time.perf_counter()
+        if mwb.forward_mode == ForwardMode.EXTEND:
+            result = self.forward_extend(mwb)
+        elif sum(mwb.spec.draft_lens) == 0:
+            result = self.forward_plain_decode(mwb)
+        else:
+            result = self.forward_verify(mwb)
+        self.target_worker.synchronize()
+        result.forward_time_s = time.perf_counter() - t0
+        return result
+
+    # ---------------------------------------------------------------- prefill
+    def forward_extend(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+        """Target prefill (capturing aux hidden states) + draft extend over the chunk."""
+        runner = self.model_runner
+        fb = runner.build_forward_batch(mwb)
+        fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        out = runner.forward(fb)
+        result = self.target_worker.sample(mwb, out.next_token_logits)
+        hidden = out.hidden_states  # [T, 3H]
+        starts = fb.extend_start_loc.tolist()
+        rows, ids, slots, reqs, prefix, lens = [], [], [], [], [], []
+        for i, ext_ids in enumerate(mwb.spec.draft_extend_ids):
+            if not ext_ids:
+                continue
+            e = len(ext_ids)
+            rows.append(torch.arange(starts[i], starts[i] + e, device=self.device))
+            ids.extend(ext_ids)
+            slots.append(mwb.out_cache_loc[starts[i] : starts[i] + e])
+            reqs.append(mwb.req_pool_indices[i])
+            prefix.append(mwb.extend_prefix_lens[i])
+            lens.append(e)
+        if reqs:
+            self.draft.forward(
+                torch.tensor(ids, dtype=torch.int64, device=self.device),
+                hidden[torch.cat(rows)],
+                reqs,
+                prefix,
+                lens,
+                torch.cat(slots),
+            )
+        last = [s + n - 1 for s, n in zip(starts, mwb.extend_seq_lens, strict=True)]
+        result.draft_hidden = [
+            hidden[last[i] : last[i] + 1] if mwb.sample[i] else None for i in range(len(last))
+        ]
+        return result
+
+    # ---------------------------------------------------------------- d_i = 0 for all
+    def forward_plain_decode(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+        """Every d_i is 0: one target decode token per request, exactly a non-speculative step
+        (plus keeping each row's aux hidden state for when drafting resumes)."""
+        fb = self.model_runner.build_forward_batch(mwb)
+        fb.capture_hidden_mode = CaptureHiddenMode.LAST
+        out = self.model_runner.forward(fb)
+        result = self.target_worker.sample(mwb, out.next_token_logits)
+        bs = mwb.batch_size
+        lps = result.next_token_logprobs
+        result.spec = SpecStepOutput(
+            tokens=[[t] for t in result.next_token_ids],
+            num_accepted=[0] * bs,
+            logprobs=[[lp] for lp in lps] if lps is not None else None,
+            top_logprobs=[[t] for t in result.next_top_logprobs] if lps is not None else None,
+            hidden_states=[out.hidden_states[i : i + 1] for i in range(bs)],
+        )
+        return result
+
+    # ---------------------------------------------------------------- draft + verify
+    def draft_tokens(self, mwb: ModelWorkerBatch) -> tuple[list[list[int]], torch.Tensor]:
+        """Chain drafting: catch-up draft extend, then d_i - 1 single-token draft steps, only
+        for requests with d_i > 0. Returns (drafts [bs][d_i] target ids, q [sum d_i, V])."""
+        plan, info = mwb.spec, mwb.sampling_info
+        d = plan.draft_lens
+        active = [i for i in range(len(d)) if d[i] > 0]
+        starts = torch.tensor([0] + mwb.extend_seq_lens[:-1]).cumsum(0).tolist()
+        drafts: list[list[int]] = [[] for _ in d]
+        q_rows: list[list[torch.Tensor]] = [[] for _ in d]
+        logits, g = self.draft.forward(
+            torch.tensor([t for i in active for t in plan.catchup_ids[i]], device=self.device),
+            torch.cat([plan.catchup_hidden[i] for i in active]),
+            [mwb.req_pool_indices[i] for i in active],
+            [plan.catchup_prefix_lens[i] for i in active],
+            [len(plan.catchup_ids[i]) for i in active],
+            torch.cat([plan.catchup_slots[i] for i in active]),
+        )
+        step = 1
+        while True:
+            self._pick(logits, active, step, info, drafts, q_rows)
+            step += 1
+            keep = [k for k, i in enumerate(active) if d[i] >= step]
+            if not keep:
+                break
+            active = [active[k] for k in keep]
+            # Draft step `step` sits at position n_i + step - 2, in the KV slot of verify token
+            # step - 2 (the scheduler wrote those slots into req_to_token).
+            pos = [mwb.extend_prefix_lens[i] + step - 2 for i in active]
+            logits, g = self.draft.forward(
+                torch.tensor([drafts[i][-1] for i in active], device=self.device),
+                g[keep],
+                [mwb.req_pool_indices[i] for i in active],
+                pos,
+                [1] * len(active),
+                torch.stack([mwb.out_cache_loc[starts[i] + step - 2] for i in active]),
+            )
+        flat_q = [q for i in range(len(d)) for q in q_rows[i]]
+        return drafts, torch.stack(flat_q)
+
+    def _pick(self, logits, active, step, info, drafts, q_rows) -> None:
+        """Choose each active request's draft token `step` and record its draft distribution q
+        over the target vocabulary (one-hot for greedy requests)."""
+        idx = torch.tensor(active, device=self.device)
+        greedy = info.greedy_mask[idx]
+        temps = info.temperatures[idx]
+        q_draft = torch.softmax(logits / temps, dim=-1)  # [m, Vd]
+        hot = torch.zeros_like(q_draft).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+        q_draft = torch.where(greedy.view(-1, 1), hot, q_draft)
+        pos = info.random_positions[idx] + (step - 1)
+        tok = sample_from_probs(q_draft, info.seeds[idx], pos, STREAM_DRAFT)
+        tok = self.draft_to_target[tok].tolist()
+        q = torch.zeros(len(active), self.vocab_size, device=self.device)
+        q.index_copy_(1, self.draft_to_target, q_draft)
+        for k, i in enumerate(active):
+            drafts[i].append(tok[k])
+            q_rows[i].append(q[k])
+
+    def forward_verify(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+        plan, info = mwb.spec, mwb.sampling_info
+        d = plan.draft_lens
+        drafts, q = self.draft_tokens(mwb)
+        # Target verify: one ragged extend of sum(1 + d_i) tokens [x_n, d_1 .. d_{d_i}].
+        input_ids = mwb.input_ids.clone()
+        starts = torch.tensor([0] + mwb.extend_seq_lens[:-1]).cumsum(0).tolist()
+        for i, ds in enumerate(drafts):
+            if ds:
+                input_ids[starts[i] + 1 : starts[i] + 1 + len(ds)] = torch.tensor(ds)
+        mwb_v = mwb if input_ids is mwb.input_ids else _with_input_ids(mwb, input_ids)
+        fb = self.model_runner.build_forward_batch(mwb_v)
+        fb.forward_mode = ForwardMode.TARGET_VERIFY
+        fb.capture_hidden_mode = CaptureHiddenMode.LAST
+        out = self.model_runner.forward(fb)
+        logits, hidden = out.next_token_logits, out.hidden_states  # [R, V], [R, 3H]
+
+        rows_info = info.expand([1 + x for x in d], drafts)
+        processed = rows_info.apply_logits_processors(logits)
+        draft_flat = torch.tensor([t for ds in drafts for t in ds], device=self.device)
+        d_t = torch.tensor(d, device=self.device)
+        if info.is_all_greedy:
+            vo = verify_greedy(draft_flat, d_t, processed.argmax(-1))
+        else:
+            p = sampling_probs(processed, rows_info)
+            u = uniform_noise(rows_info.seeds, rows_info.random_positions, 1, STREAM_SPEC_ACCEPT)
+
+            def sample_fn(probs: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+                return sample_from_probs(
+                    probs, info.seeds, info.random_positions + steps, STREAM_SAMPLE
+                )
+
+            vo = speculative_sample(draft_flat, d_t, q, p, u[:, 0], sample_fn)
+        return self._collect(mwb, logits, hidden, vo, starts)
+
+    def _collect(self, mwb, logits, hidden, vo, starts) -> GenerationBatchResult:
+        acc = vo.num_accepted.tolist()
+        out_ids = vo.output_ids.tolist()
+        tokens = [out_ids[i][: acc[i] + 1] for i in range(len(acc))]
+        spec = SpecStepOutput(
+            tokens=tokens,
+            num_accepted=acc,
+            logprobs=None,
+            top_logprobs=None,
+            hidden_states=[hidden[starts[i] : starts[i] + acc[i] + 1] for i in range(len(acc))],
+        )
+        if mwb.return_logprob:
+            rows = torch.tensor(
+                [starts[i] + j for i in range(len(acc)) for j in range(acc[i] + 1)],
+                device=self.device,
+            )
+            ids = torch.tensor([t for ts in tokens for t in ts], device=self.device)
+            nums = [mwb.top_logprobs_nums[i] for i in range(len(acc)) for _ in range(acc[i] + 1)]
+            chosen, top = compute_logprobs(logits[rows], ids, nums if any(nums) else None)
+            chosen = chosen.tolist()
+            spec.logprobs, spec.top_logprobs, k = [], [], 0
+            for ts in tokens:
+                spec.logprobs.append(chosen[k : k + len(ts)])
+                tops = top[k : k + len(ts)] if top is not None else [([], [])] * len(ts)
+                spec.top_logprobs.append([list(zip(v, t, strict=True)) for v, t in tops])
+                k += len(ts)
+        return GenerationBatchResult(next_token_ids=[ts[-1] for ts in tokens], spec=spec)
+
+
+def _with_input_ids(mwb: ModelWorkerBatch, input_ids: torch.Tensor) -> ModelWorkerBatch:
+    import dataclasses
+
+    return dataclasses.replace(mwb, input_ids=input_ids)

@@ -1,0 +1,61 @@
+"""Drive a Scheduler in-process (no ZMQ, no subprocess) for scheduler-level tests."""
+
+from __future__ import annotations
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, TokenizedGenerateReqInput
+from sglang.srt.managers.request_validation import build_sampling_params
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args_resolve import resolve_server_args
+
+
+def make_scheduler(model_path: str, **kwargs) -> Scheduler:
+    sa = resolve_server_args(ServerArgs(model_path=model_path, **kwargs))
+    mc = ModelConfig(sa.model_path, sa.context_length, sa.dtype, sa.device)
+    return Scheduler(sa, mc)
+
+
+def submit(
+    sched: Scheduler,
+    rid: str,
+    input_ids: list[int],
+    params: dict,
+    seed: int = 0,
+    return_logprob: bool = False,
+) -> None:
+    sp = build_sampling_params(params, sched.tokenizer, sched.model_config)
+    sched.handle_message(
+        TokenizedGenerateReqInput(rid, None, input_ids, sp, return_logprob, -1, 0, False, seed)
+    )
+
+
+def abort(sched: Scheduler, rid: str) -> None:
+    sched.handle_message(AbortReq(rid))
+
+
+def collect(sched: Scheduler, outputs: dict[str, dict]) -> None:
+    """Move the scheduler's local outbox into `outputs` (rid -> {"output_ids", "finish", ...})."""
+    for msg in sched.outputs.local_outbox:
+        if not isinstance(msg, BatchStrOut):
+            continue
+        for i, rid in enumerate(msg.rids):
+            out = outputs.setdefault(rid, {"output_ids": [], "finish": None})
+            out["output_ids"].extend(msg.output_ids_delta[i])
+            out["text"] = msg.text[i]
+            out["meta"] = msg.meta[i]
+            out["logprobs"] = out.get("logprobs", []) + list(
+                msg.output_token_logprobs_delta[i] or []
+            )
+            if msg.finished_reason[i] is not None:
+                out["finish"] = msg.finished_reason[i]
+    sched.outputs.local_outbox.clear()
+
+
+def run_until_idle(sched: Scheduler, outputs: dict[str, dict], max_steps: int = 100000) -> None:
+    for _ in range(max_steps):
+        if sched.is_idle():
+            break
+        sched.step()
+        collect(sched, outputs)
+    collect(sched, outputs)

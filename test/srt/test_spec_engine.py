@@ -1,0 +1,293 @@
+"""Speculative decoding (EAGLE-3 chains, per-request draft lengths) against the plain engine.
+
+Greedy outputs must be identical with and without speculation, whatever the draft proposes,
+whatever each request's draft length is in each step, and whatever KV pressure, aborts and
+prefix-cache hits happen; KV of rejected drafts must be freed at once.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from sglang.srt.entrypoints.engine import Engine
+from sglang.test.engine_checks import assert_no_kv_leak
+from sglang.test.scheduler_utils import abort, make_scheduler, run_until_idle, submit
+from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+K = 3
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randrange(3, 40))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
+    return make_tiny_eagle3_dir(str(tmp_path_factory.mktemp("eagle3")), tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir) -> dict[str, list[int]]:
+    sched = make_scheduler(tiny_model_dir)
+    outs: dict = {}
+    for i, p in enumerate(prompts(24)):
+        submit(sched, f"r{i}", p, GREEDY)
+    run_until_idle(sched, outs)
+    return {rid: o["output_ids"] for rid, o in outs.items()}
+
+
+def spec_scheduler(tiny_model_dir, draft_dir, **kw):
+    return make_scheduler(
+        tiny_model_dir,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=K,
+        **kw,
+    )
+
+
+def oracle_drafts(sched, reference):
+    """Replace the draft model with one that proposes the reference continuation (so every
+    draft is accepted under greedy): exercises multi-token commits, stops inside accepted
+    runs and catch-up over several pending positions."""
+    worker = sched.tp_worker
+    by_slot = {}
+
+    def draft_tokens(mwb):
+        reqs = {r.req_pool_idx: r for r in sched.running}
+        drafts, qs = [], []
+        for idx, d in zip(mwb.req_pool_indices, mwb.spec.draft_lens, strict=True):
+            req = reqs[idx]
+            ref = by_slot.get(req.rid) or reference[req.rid]
+            L = len(req.output_ids)
+            ds = (ref[L : L + d] + [0] * d)[:d]
+            drafts.append(ds)
+            for t in ds:
+                qs.append(torch.nn.functional.one_hot(torch.tensor(t), worker.vocab_size).float())
+        return drafts, torch.stack(qs)
+
+    worker.draft_tokens = draft_tokens
+    return by_slot
+
+
+def test_greedy_identical_random_draft_engine(tiny_model_dir, draft_dir, reference):
+    ps = prompts(24)
+    with Engine(
+        model_path=tiny_model_dir,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=K,
+    ) as e:
+        outs = e.generate(input_ids=ps, sampling_params=GREEDY)
+        assert [o["output_ids"] for o in outs] == [reference[f"r{i}"] for i in range(24)]
+        meta = outs[0]["meta_info"]
+        assert meta["spec_verify_ct"] == GREEDY["max_new_tokens"] - 1 - sum(
+            k * n for k, n in enumerate(meta["spec_accept_histogram"])
+        )
+        assert meta["spec_num_proposed_drafts"] > 0
+        info = assert_no_kv_leak(e)
+        assert info["avg_spec_accept_length"] >= 1.0
+
+
+def test_oracle_drafts_accept_everything(tiny_model_dir, draft_dir, reference):
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    oracle_drafts(sched, reference)
+    outs: dict = {}
+    for i, p in enumerate(prompts(24)[:8]):
+        submit(sched, f"r{i}", p, GREEDY)
+    run_until_idle(sched, outs)
+    for i in range(8):
+        o = outs[f"r{i}"]
+        assert o["output_ids"] == reference[f"r{i}"]
+        # 23 tokens after the prefill token, K + 1 per verify step: 6 steps.
+        assert o["meta"]["spec_verify_ct"] == 6
+        assert o["meta"]["spec_num_correct_drafts"] == o["meta"]["spec_num_proposed_drafts"]
+    sched.kv.check_accounting()
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5])
+def test_max_new_tokens_exact(tiny_model_dir, draft_dir, reference, max_new):
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    oracle_drafts(sched, reference)
+    outs: dict = {}
+    submit(sched, "r0", prompts(24)[0], {**GREEDY, "max_new_tokens": max_new})
+    run_until_idle(sched, outs)
+    assert outs["r0"]["output_ids"] == reference["r0"][:max_new]
+    assert outs["r0"]["finish"]["type"] == "length"
+    sched.kv.check_accounting()
+
+
+def test_stop_token_inside_accepted_run(tiny_model_dir, draft_dir, reference):
+    ref = reference["r1"]
+    k = next(i for i in range(2, len(ref)) if ref[i] not in ref[:i])
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    oracle_drafts(sched, reference)
+    outs: dict = {}
+    # The run that contains the stop token also crosses max_new_tokens.
+    submit(
+        sched, "r1", prompts(24)[1], {**GREEDY, "stop_token_ids": [ref[k]], "max_new_tokens": k + 2}
+    )
+    run_until_idle(sched, outs)
+    o = outs["r1"]
+    assert o["output_ids"] == ref[: k + 1]
+    assert o["finish"] == {"type": "stop", "matched": ref[k]}
+    assert o["meta"]["completion_tokens"] == k + 1
+    sched.kv.check_accounting()
+
+
+def test_stop_string_early_in_run(tiny_model_dir, draft_dir, reference):
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    oracle_drafts(sched, reference)
+    ref = reference["r2"]
+    text = sched.tokenizer.decode(ref)
+    piece = sched.tokenizer.decode(ref[2:3])
+    if not piece.strip():
+        pytest.skip("token 2 decodes to whitespace")
+    stop = piece.strip()[:2]
+    outs: dict = {}
+    submit(sched, "r2", prompts(24)[2], {**GREEDY, "stop": [stop]})
+    run_until_idle(sched, outs)
+    o = outs["r2"]
+    assert o["finish"]["type"] == "stop" and o["finish"]["matched"] == stop
+    assert o["text"] == text[: text.index(stop)]
+    assert ref[: len(o["output_ids"])] == o["output_ids"] and len(o["output_ids"]) <= 3
+    sched.kv.check_accounting()
+
+
+def test_mixed_caps_and_temperatures_in_one_batch(tiny_model_dir, draft_dir, reference):
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    oracle_drafts(sched, reference)
+    outs: dict = {}
+    ps = prompts(24)
+    for i in range(12):
+        params = {**GREEDY, "max_draft_tokens": [0, 1, K][i % 3]}
+        if i % 2:
+            params.update(temperature=0.8, sampling_seed=i)
+        submit(sched, f"r{i}", ps[i], params)
+    run_until_idle(sched, outs)
+    for i in range(0, 12, 2):
+        assert outs[f"r{i}"]["output_ids"] == reference[f"r{i}"]
+        if i % 3 == 0:
+            assert outs[f"r{i}"]["meta"]["spec_num_proposed_drafts"] == 0
+    for i in range(1, 12, 2):
+        assert len(outs[f"r{i}"]["output_ids"]) == GREEDY["max_new_tokens"]
+    sched.kv.check_accounting()
+
+
+def test_toggled_draft_length_keeps_draft_state(tiny_model_dir, draft_dir, reference):
+    """A request whose d alternates between 0 and K produces identical output, and after each
+    resume its draft proposes exactly what a never-toggled request proposes at that position
+    (so the catch-up draft extend restored the draft KV)."""
+    ps = prompts(24)
+
+    def run(toggle: bool) -> tuple[list[int], dict[int, list[int]]]:
+        sched = spec_scheduler(tiny_model_dir, draft_dir)
+        worker = sched.tp_worker
+        proposals: dict[int, list[int]] = {}
+        real = worker.draft_tokens
+
+        def record(mwb):
+            drafts, q = real(mwb)
+            for idx, ds in zip(mwb.extend_prefix_lens, drafts, strict=True):
+                if ds:
+                    proposals[idx] = ds
+            return drafts, q
+
+        worker.draft_tokens = record
+        step = {"n": 0}
+        base = sched.spec.choose_draft_lens
+
+        def toggled(reqs):
+            step["n"] += 1
+            lens = base(reqs)
+            return [0 if toggle and (step["n"] // 3) % 2 else d for d in lens]
+
+        sched.spec.choose_draft_lens = toggled
+        outs: dict = {}
+        submit(sched, "r3", ps[3], {**GREEDY, "max_new_tokens": 40})
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        return outs["r3"]["output_ids"], proposals
+
+    plain_out, plain_props = run(False)
+    tog_out, tog_props = run(True)
+    assert tog_out == plain_out
+    common = set(plain_props) & set(tog_props)
+    assert len(common) >= 3
+    assert all(plain_props[n] == tog_props[n] for n in common)
+
+
+def test_no_leak_after_aborts_and_retractions(tiny_model_dir, draft_dir):
+    sched = spec_scheduler(tiny_model_dir, draft_dir, max_total_tokens=300)
+    rng = random.Random(1)
+    outs: dict = {}
+    ps = prompts(200, seed=3)
+    for i, p in enumerate(ps):
+        params = {
+            "max_new_tokens": rng.randrange(1, 64),
+            "ignore_eos": True,
+            "temperature": rng.choice([0, 0.7]),
+            "max_draft_tokens": rng.randrange(0, K + 1),
+        }
+        submit(sched, f"a{i}", p, params, seed=i)
+        if i % 10 == 9:
+            for _ in range(3):
+                sched.step()
+            abort(sched, f"a{i - rng.randrange(0, 9)}")
+    run_until_idle(sched, outs)
+    assert len(outs) == 200 and all(o["finish"] is not None for o in outs.values())
+    assert sched.stats["num_retractions"] > 0
+    assert any(o["finish"]["type"] == "abort" for o in outs.values())
+    sched.kv.check_accounting()
+
+
+def test_radix_hits_under_speculation(tiny_model_dir, draft_dir):
+    shared = prompts(1, seed=9)[0] * 3
+    ps = [shared + [500 + i] for i in range(6)]
+    results = []
+    for disable in (True, False):
+        sched = spec_scheduler(tiny_model_dir, draft_dir, disable_radix_cache=disable)
+        outs: dict = {}
+        for i, p in enumerate(ps):  # one at a time so later ones hit the cache
+            submit(sched, f"p{i}", p, GREEDY)
+            run_until_idle(sched, outs)
+        results.append([outs[f"p{i}"]["output_ids"] for i in range(6)])
+        if not disable:
+            assert sum(outs[f"p{i}"]["meta"]["cached_tokens"] for i in range(6)) > 0
+        sched.kv.check_accounting()
+    assert results[0] == results[1]
+
+
+def test_logprobs_are_the_targets(tiny_model_dir, draft_dir, reference):
+    ps = prompts(24)
+    plain = make_scheduler(tiny_model_dir)
+    spec = spec_scheduler(tiny_model_dir, draft_dir)
+    oracle_drafts(spec, reference)
+    a, b = {}, {}
+    submit(plain, "r4", ps[4], GREEDY, return_logprob=True)
+    submit(spec, "r4", ps[4], GREEDY, return_logprob=True)
+    run_until_idle(plain, a)
+    run_until_idle(spec, b)
+    la, lb = a["r4"]["logprobs"], b["r4"]["logprobs"]
+    assert len(la) == len(lb) == GREEDY["max_new_tokens"]
+    for (x, tx), (y, ty) in zip(la, lb, strict=True):
+        assert tx == ty and abs(x - y) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"speculative_eagle_topk": 4}, "topk"),
+        ({"speculative_num_draft_tokens": 7}, "num-draft-tokens"),
+        ({"speculative_algorithm": "MEDUSA"}, "speculative-algorithm"),
+    ],
+)
+def test_bad_speculative_flags(tiny_model_dir, draft_dir, kw, msg):
+    args = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": draft_dir, **kw}
+    with pytest.raises(ValueError, match=msg):
+        make_scheduler(tiny_model_dir, **args)
