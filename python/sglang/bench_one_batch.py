@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 row = {"batch_size": bs, "input_len": il, "output_len": ol}
                 row["sglang"] = bench_engine(sched, inputs, ol)
                 if not args.skip_hf and args.load_format != "dummy":
-                    row["hf_transformers"] = bench_hf(sa.model_path, mc.dtype, sa.device, inputs, ol)
+                    row["hf_transformers"] = bench_hf(
+                        sa.model_path, mc.dtype, sa.device, inputs, ol
+                    )
                     row["decode_speedup_vs_hf"] = (
                         row["sglang"]["decode_tok_s"] / row["hf_transformers"]["decode_tok_s"]
                     )

@@ -8,11 +8,12 @@ import json
 import zipfile
 
 import pytest
+from test_http_server import ServerProcess
+from transformers import AutoTokenizer
+
 from sglang import bench_serving
 from sglang.benchmark import datasets
 from sglang.benchmark.backends import RequestFuncOutput
-from test_http_server import ServerProcess
-from transformers import AutoTokenizer
 
 
 @pytest.fixture(scope="module")

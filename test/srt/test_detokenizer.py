@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager, IncrementalDetokenizer
 
 GGUF = (

@@ -10,6 +10,8 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.linear import (
     MergedColumnParallelLinear,
@@ -21,7 +23,6 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.model_loader import get_model, resolve_model_path
 from sglang.test.forward_harness import ForwardHarness
 from sglang.test.tiny_models import bundled_model_dir, make_tiny_model_dir
-from transformers import AutoModelForCausalLM
 
 PROMPTS = [[1, 504, 3458, 314, 1345, 30, 45, 7], [9, 4040, 12, 88, 49151, 0, 17]]
 

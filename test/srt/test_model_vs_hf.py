@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_loader import get_model
 from sglang.test.forward_harness import ForwardHarness
 from sglang.test.tiny_models import bundled_model_dir
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+
 from sglang.srt.layers.sampler import Sampler, compute_logprobs, top_k_top_p_min_p_renorm
 from sglang.srt.sampling.random import mix64, to_int64_seed, uniform_noise
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from sglang.srt.layers.sampler import top_k_top_p_min_p_renorm
 from sglang.srt.sampling.random import (
     STREAM_SAMPLE,

