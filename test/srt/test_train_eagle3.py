@@ -1,0 +1,202 @@
+"""EAGLE-3 draft training on a tiny random target: data through the Engine, the training-time
+test against the serving draft, loss going down, checkpoint format, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import sglang.srt.speculative.training.trainer as trainer_mod
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_loader.loader import get_model
+from sglang.srt.speculative.draft_config import aux_layer_ids, load_draft_model
+from sglang.srt.speculative.training.capture import capture_target_states, collate
+from sglang.srt.speculative.training.data import (
+    TrainingSequence,
+    load_sequences,
+    select_draft_vocab,
+)
+from sglang.srt.speculative.training.evaluate import replay_greedy_decode
+from sglang.srt.speculative.training.trainer import TrainConfig, run_training
+from sglang.srt.speculative.training.ttt import ttt_unroll
+from sglang.test.forward_harness import ForwardHarness
+from sglang.train_eagle3 import build_parser, main
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "List three prime numbers:",
+    "Translate 'good morning' into German:",
+    "The quick brown fox",
+    "Water boils at a temperature of",
+    "import numpy as np\n",
+]
+STEPS = 40
+
+
+def _config(out_dir: str, target_dir: str, prompts_path: str, **kw) -> TrainConfig:
+    base = dict(
+        output_dir=out_dir,
+        target_model_path=target_dir,
+        prompts_path=prompts_path,
+        num_prompts=len(PROMPTS),
+        raw_prompts=True,
+        max_new_tokens=24,
+        draft_vocab_size=512,
+        steps=STEPS,
+        batch_size=4,
+        lr=3e-3,
+        eval_fraction=0.0,
+        device="cpu",
+        log_every=1,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_eagle3")
+    prompts_path = str(root / "prompts.json")
+    json.dump(PROMPTS, open(prompts_path, "w"))
+    out = run_training(_config(str(root / "out"), tiny_model_dir, prompts_path))
+    return out, prompts_path
+
+
+def _metrics(out_dir: str) -> list[dict]:
+    with open(os.path.join(out_dir, "train_state", "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_loss_falls_and_checkpoint_loads(trained, tiny_model_dir):
+    out, _ = trained
+    recs = _metrics(out)
+    assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
+    assert all(len(r["acc"]) == 3 and len(r["step_losses"]) == 3 for r in recs)
+    first = sum(r["loss"] for r in recs[:3]) / 3
+    last = sum(r["loss"] for r in recs[-3:]) / 3
+    assert last < 0.8 * first, (first, last)
+    assert sum(recs[-1]["acc"]) > sum(recs[0]["acc"])
+
+    seqs = load_sequences(os.path.join(out, "train_state", "sequences.json"))
+    assert len(seqs) == len(PROMPTS)
+    assert all(
+        len(s.input_ids) - s.prompt_len == 24 for s in seqs
+    )  # no EOS from this random target
+    # upstream format: names, dtypes and the vocabulary maps
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 512
+    sd = load_file(os.path.join(out, "model.safetensors"))
+    assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight"} < set(
+        sd
+    )
+    hot = select_draft_vocab(seqs, 512, cfg["vocab_size"])
+    assert torch.equal(sd["d2t"] + torch.arange(512), hot) and sd["d2t"].dtype == torch.int64
+    assert sd["t2d"].dtype == torch.bool and sd["t2d"].nonzero().flatten().tolist() == hot.tolist()
+
+    mc = ModelConfig(tiny_model_dir)
+    target = get_model(mc)
+    draft = load_draft_model(out, target, mc)
+    assert draft.draft_vocab_size == 512 and draft.map_to_target(torch.tensor([0])) == hot[0]
+
+
+def test_training_forward_equals_serving_draft_chain(trained, tiny_model_dir):
+    """TTT row t at step k == serving: draft extend over rows 0..t, then k decode steps fed the
+    real tokens and the draft's own hidden states (on the KV pool)."""
+    out, _ = trained
+    mc = ModelConfig(tiny_model_dir)
+    target = get_model(mc)
+    draft = load_draft_model(out, target, mc)
+    seqs = load_sequences(os.path.join(out, "train_state", "sequences.json"))[:2]
+    layer_ids = aux_layer_ids(draft.config, mc.num_hidden_layers)
+    states = capture_target_states(target, mc, seqs, layer_ids)
+    _, head = target.get_embed_and_head()
+    with torch.no_grad():
+        outs = ttt_unroll(draft, collate(seqs, states, "cpu", torch.float32), head, 3)
+    dmc = ModelConfig(out)
+    checked = 0
+    for b, (seq, (aux, _)) in enumerate(zip(seqs, states, strict=True)):
+        x = seq.input_ids
+        for t in (0, seq.prompt_len - 1, len(x) - 5):
+            h = ForwardHarness(draft, dmc)
+            slot = h.new_request()
+            feeds = [(x[1 : t + 2], aux[: t + 1])]
+            hidden = None
+            for k in range(3):
+                ids, hid = feeds[0] if k == 0 else ([x[t + k + 1]], hidden)
+                fb = h.build_batch([(slot, ids)])
+                h.attn_backend.init_forward_metadata(fb)
+                with torch.no_grad():
+                    res = draft(fb.input_ids, fb.positions, fb, hid)
+                hidden = res.hidden_states
+                torch.testing.assert_close(
+                    res.logits[0], outs[k].logits[b, t], atol=1e-4, rtol=1e-4
+                )
+                checked += 1
+    assert checked == 18
+
+
+def test_resume_after_interruption_matches_uninterrupted(
+    trained, tiny_model_dir, tmp_path, monkeypatch
+):
+    out, prompts_path = trained
+    run_dir = tmp_path / "resumed"
+    os.makedirs(run_dir / "train_state")
+    shutil.copy(os.path.join(out, "train_state", "sequences.json"), run_dir / "train_state")
+    cfg = _config(str(run_dir), tiny_model_dir, prompts_path, save_every=20)
+    real, calls = trainer_mod.ttt_unroll, []
+
+    def crashing(*args, **kw):
+        calls.append(1)
+        if len(calls) > 25:
+            raise KeyboardInterrupt("simulated preemption")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer_mod, "ttt_unroll", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        run_training(cfg)
+    monkeypatch.setattr(trainer_mod, "ttt_unroll", real)
+    state = torch.load(run_dir / "train_state" / "state.pt", weights_only=False)
+    assert state["step"] == 20
+    run_training(TrainConfig(**{**cfg.__dict__, "resume": True}))
+    a = load_file(os.path.join(out, "model.safetensors"))
+    b = load_file(str(run_dir / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_replay_greedy_decode():
+    # prompt_len 2, length 10: decode starts at row 1; K = 2
+    correct = torch.zeros(9, 3, dtype=torch.bool)
+    correct[1] = torch.tensor([True, True, False])  # verify 1: 2 drafts + bonus -> t = 4
+    correct[4] = torch.tensor([True, False, True])  # verify 2: 1 draft + bonus -> t = 6
+    # verify 3 at row 6: nothing accepted -> t = 7; verify 4 at row 7: last token (bonus only)
+    assert replay_greedy_decode(correct, 10, 2, 2) == (3 + 2 + 1 + 1, 4)
+    assert replay_greedy_decode(torch.ones(9, 3, dtype=torch.bool), 10, 2, 3) == (7, 2)
+
+
+def test_select_draft_vocab():
+    seqs = [TrainingSequence([9, 9, 5, 5, 5, 7, 3, 3], 2), TrainingSequence([1, 7, 3], 1)]
+    # response counts: 5 x3, 3 x3, 7 x2; prompt tokens (9, 1) not counted
+    assert select_draft_vocab(seqs, 2, 20).tolist() == [3, 5]
+    assert select_draft_vocab(seqs, 5, 20).tolist() == [0, 1, 3, 5, 7]
+    with pytest.raises(ValueError, match="not in"):
+        select_draft_vocab(seqs, 21, 20)
+
+
+def test_cli(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--target-model-path", "--output-dir", "--ttt-steps", "--resume", "--seed"):
+        assert flag in text
+    args = build_parser().parse_args(["--output-dir", "x", "--steps", "5", "--lr", "0.1"])
+    assert (args.steps, args.lr, args.ttt_steps, args.resume) == (5, 0.1, 3, False)
+    with pytest.raises(ValueError, match="--ttt-steps must be >= 3"):
+        main(["--output-dir", str(tmp_path), "--ttt-steps", "2"])
