@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Every engine a test starts takes this many KV slots unless it asks otherwise, so that many
+# engines (in-process schedulers included) can share one GPU when the suite runs on CUDA.
+os.environ.setdefault("SGLANG_MAX_TOTAL_TOKENS_DEFAULT", "65536")
 
 
 @pytest.fixture(scope="session")

@@ -283,7 +283,7 @@ def test_logprobs_are_the_targets(tiny_model_dir, draft_dir, reference):
     "kw, msg",
     [
         ({"speculative_eagle_topk": 4}, "topk"),
-        ({"speculative_num_draft_tokens": 7}, "num-draft-tokens"),
+        ({"speculative_num_steps": 3, "speculative_num_draft_tokens": 7}, "num-draft-tokens"),
         ({"speculative_algorithm": "MEDUSA"}, "speculative-algorithm"),
     ],
 )

@@ -87,6 +87,11 @@ class TokenizerMetricsCollector:
             "Time per output token (after the first) in seconds.",
             ITL_BUCKETS,
         )
+        self.spec_accept_length_hist = self._histogram(
+            "sglang:spec_accept_length_per_request",
+            "Per finished request: completion tokens per verify forward (speculative decoding).",
+            (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0),
+        )
         self.e2e = self._histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end request latency in seconds.",
@@ -101,6 +106,11 @@ class TokenizerMetricsCollector:
         self.cache_hit_rate = self._gauge("sglang:cache_hit_rate", "Prefix cache hit rate.")
         self.spec_accept_length = self._gauge(
             "sglang:spec_accept_length", "Average speculative accept length (tokens per verify)."
+        )
+
+        self.spec_share_drafting = self._gauge(
+            "sglang:spec_share_requests_drafting",
+            "Share of running requests that drafted (d > 0) in the last decode step.",
         )
 
     # ---- writers ----------------------------------------------------------------------------
@@ -136,7 +146,7 @@ class TokenizerMetricsCollector:
                 self.tpot.observe((e2e_s - ttft_s) / (completion_tokens - 1))
             self.e2e.observe(e2e_s)
             if spec_accept_length is not None:
-                self.spec_accept_length.set(spec_accept_length)
+                self.spec_accept_length_hist.observe(spec_accept_length)
 
     def set_internal_state(self, state: dict) -> None:
         """Set the gauges from TokenizerManager.get_internal_state() (missing keys skipped)."""
@@ -153,6 +163,8 @@ class TokenizerMetricsCollector:
                 self.num_used_tokens.set(state["kv_pool_size"] - state["kv_available_tokens"])
             if state.get("avg_spec_accept_length") is not None:
                 self.spec_accept_length.set(state["avg_spec_accept_length"])
+            if state.get("spec_last_step_share_drafting") is not None:
+                self.spec_share_drafting.set(state["spec_last_step_share_drafting"])
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (content type: CONTENT_TYPE)."""

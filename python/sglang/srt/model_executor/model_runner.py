@@ -21,7 +21,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     build_positions_and_starts,
 )
 from sglang.srt.model_loader import get_model
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args import ServerArgs, env_flag
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class ModelRunner:
         self.model_config = model_config
         self.server_args = server_args
         self.device = torch.device(server_args.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = model_config.dtype
         self.init_torch_settings()
         self.load_model()
@@ -71,6 +73,8 @@ class ModelRunner:
         )
         if self.server_args.max_total_tokens is not None:
             return self.server_args.max_total_tokens
+        if env_flag("MAX_TOTAL_TOKENS_DEFAULT"):  # used by the test suite to share one GPU
+            return int(env_flag("MAX_TOTAL_TOKENS_DEFAULT"))
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             frac = self.server_args.mem_fraction_static or 0.85
