@@ -215,6 +215,7 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
     from sglang.srt.utils.process import set_parent_death_signal
 
     set_parent_death_signal()
+    torch.set_grad_enabled(False)
     logging.basicConfig(
         level=server_args.log_level.upper(),
         format="[%(asctime)s scheduler] %(levelname)s %(message)s",

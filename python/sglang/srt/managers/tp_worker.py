@@ -31,6 +31,7 @@ class TpModelWorker:
         self.sampler = Sampler()
         self.device = self.model_runner.device
 
+    @torch.no_grad()
     def forward_batch_generation(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         t0 = time.perf_counter()
         fb = self.model_runner.build_forward_batch(mwb)

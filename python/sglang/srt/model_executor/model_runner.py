@@ -50,7 +50,6 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
 
     def init_torch_settings(self) -> None:
-        torch.set_grad_enabled(False)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if self.server_args.random_seed is not None:
@@ -136,6 +135,7 @@ class ModelRunner:
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
 
+    @torch.no_grad()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Run the model; returns logits for forward_batch.logits_indices rows."""
         self.attn_backend.init_forward_metadata(forward_batch)

@@ -40,6 +40,7 @@ class DraftRunner:
         )
         self.attn_backend = create_attention_backend(target.server_args.attention_backend, self)
 
+    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,  # [T] int64 (device)

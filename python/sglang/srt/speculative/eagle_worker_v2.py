@@ -50,6 +50,7 @@ class EAGLEWorkerV2:
     def pools(self) -> tuple:
         return self.target_worker.pools
 
+    @torch.no_grad()
     def forward_batch_generation(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         t0 = time.perf_counter()
         if mwb.forward_mode == ForwardMode.EXTEND:
