@@ -97,6 +97,17 @@ class ServerArgs:
     speculative_num_steps: int | None = _arg(None, "Draft length K (default 3).")
     speculative_eagle_topk: int | None = _arg(None, "Draft tree width; only 1 (chains).")
     speculative_num_draft_tokens: int | None = _arg(None, "Verify tokens per request (K + 1).")
+    speculative_adaptive: bool = _arg(
+        False,
+        "Choose each request's draft length (0..K) every decode step to maximise committed "
+        "tokens per second (off: every request drafts K).",
+    )
+    speculative_adaptive_config: str | None = _arg(
+        None,
+        "JSON object (or a path to a JSON file) tuning --speculative-adaptive, e.g. "
+        '\'{"policy": "goodput"|"fixed"|"tiers", "fixed_k": 3, "tiers": {"1": 3, "8": 2}}\'; '
+        "see docs/adaptive_speculation.md.",
+    )
     # ---- logging ----
     log_level: str = _arg("info", "Logging level.")
     log_requests: bool = _arg(False, "Log every request's inputs and outputs.")

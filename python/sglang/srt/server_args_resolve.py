@@ -47,7 +47,15 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
 def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
     """Upstream's speculative flags; this fork drafts chains (topk 1) of up to K tokens."""
     if a.speculative_algorithm is None:
+        if a.speculative_adaptive or a.speculative_adaptive_config is not None:
+            raise ValueError("--speculative-adaptive needs --speculative-algorithm")
         return
+    if a.speculative_adaptive_config is not None and not a.speculative_adaptive:
+        raise ValueError("--speculative-adaptive-config needs --speculative-adaptive")
+    if a.speculative_adaptive:
+        from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
+
+        parse_adaptive_config(a.speculative_adaptive_config)  # ValueError naming the flag
     algo = a.speculative_algorithm.upper()
     if algo not in ("EAGLE", "EAGLE3"):
         raise ValueError(

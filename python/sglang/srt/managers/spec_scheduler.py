@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
+from sglang.srt.speculative.adaptive.warmup import profile_on_worker
 from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
 
 if TYPE_CHECKING:
@@ -36,6 +38,18 @@ class SpecScheduler:
             "spec_last_step_share_drafting": 0.0,
         }
         self.accept_histogram = [0] * (self.num_steps + 1)
+        sa = scheduler.server_args
+        self.adaptive = (  # --speculative-adaptive: per-step draft lengths from a policy
+            AdaptiveController(
+                parse_adaptive_config(sa.speculative_adaptive_config),
+                self.num_steps,
+                scheduler.req_to_token_pool.size,
+            )
+            if sa.speculative_adaptive
+            else None
+        )
+        if self.adaptive is not None and sa.device == "cuda":  # CPU: no warm-up sweep
+            profile_on_worker(scheduler, self.adaptive)
 
     # ---------------------------------------------------------------- lifecycle
     def on_new_request(self, req: Req) -> None:
@@ -45,6 +59,8 @@ class SpecScheduler:
     def on_admit(self, req: Req) -> None:
         """The cached prefix carries valid draft KV (only such prefixes are cached)."""
         req.draft.draft_kv_len = req.kv_len
+        if self.adaptive is not None:
+            self.adaptive.on_admit(req.req_pool_idx)
 
     # ---------------------------------------------------------------- decide
     def draft_len_cap(self, req: Req) -> int:
@@ -61,8 +77,10 @@ class SpecScheduler:
         return max(0, min(cap, remaining - 1, room - 1))
 
     def choose_draft_lens(self, reqs: list[Req]) -> list[int]:
-        """Static policy: every request drafts its cap (the adaptive policy replaces this)."""
-        return [self.draft_len_cap(r) for r in reqs]
+        """Every request drafts its cap, or (--speculative-adaptive) what the policy picks
+        within the caps."""
+        caps = [self.draft_len_cap(r) for r in reqs]
+        return caps if self.adaptive is None else self.adaptive.choose(reqs, caps)
 
     # ---------------------------------------------------------------- plan
     def build_plan(self, batch: ScheduleBatch) -> SpecPlan:
@@ -103,6 +121,10 @@ class SpecScheduler:
 
     def commit_decode(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         s, spec = self.s, result.spec
+        if self.adaptive is not None:  # before commit: reqs still describe the step's input
+            lens = [r.draft_len for r in batch.reqs]
+            step = s.stats["forward_steps"]
+            self.adaptive.observe(batch.reqs, lens, spec.num_accepted, result.forward_time_s, step)
         drafting = 0
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
@@ -154,6 +176,7 @@ class SpecScheduler:
             "spec_num_correct_drafts": req.spec_num_correct_drafts,
             "spec_num_proposed_drafts": proposed,
             "spec_accept_histogram": list(req.spec_accept_histogram),
+            "spec_mean_draft_len": proposed / ct,
         }
 
     def server_info(self) -> dict:
@@ -162,4 +185,6 @@ class SpecScheduler:
             **st,
             "avg_spec_accept_length": st["spec_committed_tokens"] / max(1, st["spec_verify_steps"]),
             "spec_accept_histogram": list(self.accept_histogram),
+            "spec_mean_draft_len": st["spec_proposed_drafts"] / max(1, st["spec_verify_steps"]),
+            **(self.adaptive.info() if self.adaptive is not None else {}),
         }

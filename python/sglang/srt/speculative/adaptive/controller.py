@@ -1,0 +1,156 @@
+"""AdaptiveController: what SpecScheduler calls when --speculative-adaptive is on.
+
+It owns the acceptance estimates (AcceptanceTracker), the step-time model (StepTimeModel) and
+the configured policy (registry), turns the running requests into a BatchView each decode step,
+and learns from each committed verify step (measured forward time, per-request accepts).
+Requests are duck-typed: `req_pool_idx`, `kv_len` and `draft.num_pending` are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from sglang.srt.speculative.adaptive.acceptance import AcceptanceTracker
+from sglang.srt.speculative.adaptive.policy import BatchView
+from sglang.srt.speculative.adaptive.registry import AdaptiveConfig, build_policy
+from sglang.srt.speculative.adaptive.step_time_model import (
+    StepTimeModel,
+    allocation_features,
+    profile_step_time,
+)
+
+logger = logging.getLogger(__name__)
+
+OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
+
+
+class AdaptiveController:
+    """Per-step draft lengths from the configured policy (K = k, num_slots request slots)."""
+
+    def __init__(self, cfg: AdaptiveConfig, k: int, num_slots: int) -> None:
+        self.cfg = cfg
+        self.k = k
+        self.policy = build_policy(cfg, k)
+        self.tracker = AcceptanceTracker(
+            k,
+            num_slots,
+            initial_accept=cfg.initial_accept,
+            server_prior_count=cfg.server_prior_count,
+            prior_strength=cfg.prior_strength,
+            server_decay=cfg.server_accept_decay,
+            request_decay=cfg.request_accept_decay,
+        )
+        self.time_model = StepTimeModel(
+            cfg.time_model, cfg.time_decay, cfg.time_prior_weight, cfg.online_correction
+        )
+        self.prev = np.full(num_slots, -1, dtype=np.int64)  # [num_slots] last d per slot
+        self.overhead_s = 0.0  # EMA of step wall time minus forward time
+        self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
+        self.last = {"bs": 0, "sum_d": 0, "predicted_s": 0.0, "measured_s": 0.0}
+
+    # ---------------------------------------------------------------- setup
+    def profile(
+        self,
+        run_step: Callable[[int, int], float | None],
+        context_len: int,
+        max_batch_size: int | None = None,
+    ) -> None:
+        """Warm-up sweep (see profile_step_time) over cfg.profile_batch_sizes (those up to
+        max_batch_size) and d = 0..K; the fitted coefficients become the step-time prior.
+        Skipped when cfg.profile is off or cfg.time_model fixes the coefficients."""
+        if not self.cfg.profile or self.cfg.time_model is not None:
+            return
+        sizes = [
+            b for b in self.cfg.profile_batch_sizes if max_batch_size is None or b <= max_batch_size
+        ]
+        if not sizes:
+            return
+        coef = profile_step_time(run_step, sizes, range(self.k + 1), context_len)
+        self.time_model.set_prior(coef)
+        logger.info("speculative step-time model from warm-up sweep: %s", coef)
+
+    def on_admit(self, slot: int) -> None:
+        """A new request took request slot `slot`."""
+        self.tracker.reset_slot(slot)
+        self.prev[slot] = -1
+
+    # ---------------------------------------------------------------- decide
+    def time_fn(self, x: np.ndarray) -> np.ndarray:
+        """Predicted wall seconds per step for features x [m, F]."""
+        extra = self.overhead_s if self.cfg.count_overhead else 0.0
+        return self.time_model.predict(x) + extra
+
+    def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
+        """Draft length per request, each in [0, caps[i]]."""
+        if not reqs or max(caps) == 0:
+            return [0] * len(reqs)
+        slots = [r.req_pool_idx for r in reqs]
+        view = BatchView(
+            caps=np.asarray(caps, dtype=np.int64),
+            alphas=self.tracker.alphas(slots),
+            pending=np.array([r.draft.num_pending for r in reqs], dtype=np.int64),
+            prev=self.prev[slots],
+            kv_tokens=sum(r.kv_len for r in reqs),
+        )
+        return self.policy.choose(view, self.time_fn).tolist()
+
+    # ---------------------------------------------------------------- learn
+    def observe(
+        self,
+        reqs: Sequence[Any],
+        draft_lens: Sequence[int],
+        accepted: Sequence[int],
+        forward_time_s: float,
+        step_index: int,
+    ) -> None:
+        """Learn from one decode step, called before its results are committed (req.kv_len
+        and req.draft still describe the step's input). step_index: the scheduler's forward
+        step counter, to tell consecutive decode steps (overhead = wall interval - forward)."""
+        now = time.perf_counter()
+        slots = [r.req_pool_idx for r in reqs]
+        pending = [r.draft.num_pending for r in reqs]
+        x = allocation_features(draft_lens, pending, sum(r.kv_len for r in reqs))
+        predicted = self.time_model.predict(x)
+        if self._last_commit is not None and self._last_commit[0] == step_index - 1:
+            sample = max(0.0, now - self._last_commit[1] - forward_time_s)
+            self.overhead_s += OVERHEAD_EMA * (sample - self.overhead_s)
+        self._last_commit = (step_index, now)
+        self.time_model.update(x, forward_time_s)
+        self.tracker.observe(slots, draft_lens, accepted)
+        self.prev[slots] = draft_lens
+        sum_d = int(sum(draft_lens))
+        self.last = {
+            "bs": len(reqs),
+            "sum_d": sum_d,
+            "predicted_s": predicted,
+            "measured_s": forward_time_s,
+        }
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "spec step: bs=%d sum_d=%d predicted=%.3fms measured=%.3fms overhead=%.3fms "
+                "accept_len=%.2f",
+                len(reqs),
+                sum_d,
+                predicted * 1e3,
+                forward_time_s * 1e3,
+                self.overhead_s * 1e3,
+                (len(reqs) + sum(accepted)) / max(1, len(reqs)),
+            )
+
+    # ---------------------------------------------------------------- report
+    def info(self) -> dict:
+        """Server-info keys (for /get_server_info and the /metrics gauges)."""
+        return {
+            "spec_adaptive_policy": self.policy.name,
+            "spec_predicted_step_time_s": self.last["predicted_s"],
+            "spec_measured_step_time_s": self.last["measured_s"],
+            "spec_step_overhead_s": self.overhead_s,
+            "spec_last_step_sum_draft_len": self.last["sum_d"],
+            "spec_step_time_coef": self.time_model.coefficients(),
+            "spec_server_accept_rate_per_position": self.tracker.server_alpha().tolist(),
+        }

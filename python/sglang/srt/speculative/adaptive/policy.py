@@ -1,0 +1,137 @@
+"""Goodput policy: per-request draft lengths that maximise the batch's committed tokens per
+second, chosen every decode step.
+
+For request r drafting d_r tokens, E[tokens_r(d_r)] = 1 + sum_{j<=d_r} prod_{i<=j} alpha_{r,i}
+(the bonus/correction token always commits; alpha from AcceptanceTracker). The step takes
+T(d) seconds (StepTimeModel, plus the measured per-step scheduler overhead). The policy
+maximises sum_r E[tokens_r(d_r)] / T(d) over 0 <= d_r <= cap_r:
+
+1. Greedy marginal allocation: starting from all zeros, the next draft token goes to the
+   request whose next token adds the most expected tokens (prod_{i<=d_r+1} alpha_{r,i}; these
+   gains never increase along a request, so the greedy order is one stable sort of all gains).
+2. Every prefix of that order is scored with the step-time model and the best one is taken.
+   Scoring all prefixes rather than stopping at the first one that does not improve matters
+   because T is not convex in the allocation: the first draft token of a step pays the fixed
+   cost of drafting (spec_on, one draft forward), which many tokens together may amortise.
+   This runs once per depth limit L = 1..K (every d_r <= L), because each draft step costs
+   a forward for the whole batch (max d_r forwards), which favours breadth over depth.
+3. Hysteresis: last step's allocation (clipped to this step's caps; new requests take the new
+   choice) is kept unless the new allocation is predicted to be better by more than a relative
+   margin `hysteresis`, so a stable input does not flap between drafting and not drafting.
+
+When no prefix beats all zeros, every d_r is 0 and the step is a plain decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang.srt.speculative.adaptive.step_time_model import allocation_features, step_features
+
+# Seconds for a [m, F] feature matrix -> [m].
+TimeFn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass
+class BatchView:
+    """What a policy sees of the running batch (n requests, server draft length K).
+
+    caps: [n] int64, largest allowed d_r this step (SpecScheduler.draft_len_cap);
+    alphas: [n, K] float64, conditional acceptance per draft position;
+    pending: [n] int64, catch-up positions the draft extend would process if r drafts;
+    prev: [n] int64, r's draft length in its previous decode step (-1: none yet);
+    kv_tokens: context tokens of the batch.
+    """
+
+    caps: np.ndarray
+    alphas: np.ndarray
+    pending: np.ndarray
+    prev: np.ndarray
+    kv_tokens: int
+
+    @property
+    def size(self) -> int:
+        return len(self.caps)
+
+
+def expected_batch_tokens(alphas: np.ndarray, d: np.ndarray) -> float:
+    """sum_r E[tokens_r(d_r)] for alphas [n, K] and draft lengths d [n]."""
+    gains = np.cumprod(alphas, axis=1)  # [n, K]
+    pos = np.arange(1, alphas.shape[1] + 1)[None, :]
+    return float(len(d) + (gains * (pos <= d[:, None])).sum())
+
+
+class GoodputPolicy:
+    """Maximise predicted committed tokens per second (see module docstring)."""
+
+    name = "goodput"
+
+    def __init__(self, hysteresis: float = 0.02) -> None:
+        self.hysteresis = hysteresis
+        self.last_predicted_rate = 0.0  # tokens/s of the returned allocation
+
+    def choose(self, view: BatchView, time_fn: TimeFn) -> np.ndarray:
+        """[n] int64 draft lengths, 0 <= d_r <= caps[r]."""
+        best = self.best_allocation(view, time_fn)
+        keep = np.where(view.prev >= 0, np.minimum(view.prev, view.caps), best)
+        rate_best = self.rate(view, best, time_fn)
+        if np.array_equal(keep, best):
+            self.last_predicted_rate = rate_best
+            return best
+        rate_keep = self.rate(view, keep, time_fn)
+        if rate_best > rate_keep * (1.0 + self.hysteresis):
+            self.last_predicted_rate = rate_best
+            return best
+        self.last_predicted_rate = rate_keep
+        return keep
+
+    @staticmethod
+    def rate(view: BatchView, d: np.ndarray, time_fn: TimeFn) -> float:
+        """Predicted committed tokens per second of allocation d [n]."""
+        x = allocation_features(d, view.pending, view.kv_tokens)
+        t = float(time_fn(x[None, :])[0])
+        return expected_batch_tokens(view.alphas, d) / t
+
+    @staticmethod
+    def best_allocation(view: BatchView, time_fn: TimeFn) -> np.ndarray:
+        """The best prefix of the greedy marginal order, over every depth limit L = 0..K
+        (d_r <= L): a step costs max(d_r) draft forwards, which the greedy order by expected
+        tokens alone does not see. Returns [n] int64."""
+        best, best_rate = np.zeros(view.size, dtype=np.int64), -1.0
+        for depth in range(1, int(view.caps.max(initial=0)) + 1):
+            d, rate = GoodputPolicy._greedy_prefix(view, np.minimum(view.caps, depth), time_fn)
+            if rate > best_rate:
+                best, best_rate = d, rate
+        return best
+
+    @staticmethod
+    def _greedy_prefix(
+        view: BatchView, caps: np.ndarray, time_fn: TimeFn
+    ) -> tuple[np.ndarray, float]:
+        """Best prefix (including the empty one) of the greedy order under `caps` [n]:
+        ([n] int64 draft lengths, predicted tokens/s)."""
+        n, k = view.alphas.shape
+        gains = np.cumprod(view.alphas, axis=1)  # [n, K] expected tokens added by draft j
+        valid = np.arange(k)[None, :] < caps[:, None]  # [n, K]
+        rows, js = np.nonzero(valid)  # row-major: j ascending within a request
+        order = np.argsort(-gains[rows, js], kind="stable")
+        rows, js = rows[order], js[order]
+        # Draft-model tokens added by each increment: the first draft of a request costs its
+        # catch-up extend over the pending positions (the first draft comes out of it), each
+        # further draft one single-token draft step (as in allocation_features).
+        cost = np.where(js == 0, view.pending[rows], 1)
+        zero = np.zeros(1)
+        tokens = n + np.concatenate([zero, np.cumsum(gains[rows, js])])  # [m + 1]
+        x = step_features(
+            n,
+            n + np.arange(len(rows) + 1),
+            np.concatenate([zero, np.cumsum(cost)]),
+            np.concatenate([zero, np.maximum.accumulate(js + 1)]),
+            view.kv_tokens,
+        )  # [m + 1, F]
+        rates = tokens / time_fn(x)
+        best = int(np.argmax(rates))
+        return np.bincount(rows[:best], minlength=n).astype(np.int64), float(rates[best])

@@ -1,0 +1,165 @@
+"""--speculative-adaptive-config: parsing, validation, and the policy registry.
+
+The config is a JSON object (inline, or the path of a file holding one); every key is optional:
+
+    {"policy": "goodput" | "fixed" | "tiers",   # which draft-length policy runs
+     "fixed_k": 3,                               # fixed: draft length (default K)
+     "tiers": {"1": 3, "8": 2, "32": 1, "64": 0},# tiers: batch-size threshold -> draft length
+     "hysteresis": 0.02,                         # goodput: relative gain needed to switch
+     "initial_accept": 0.7,                      # server-wide acceptance before any data
+     "server_prior_count": 8, "prior_strength": 4,
+     "server_accept_decay": 0.999, "request_accept_decay": 0.95,
+     "time_model": {"const": 0.004, ...},        # prior step-time coefficients (seconds/unit)
+     "online_correction": true, "time_decay": 0.98, "time_prior_weight": 0.05,
+     "profile": true,                            # warm-up sweep at startup (CUDA only)
+     "profile_batch_sizes": [1, 4, 16, 64, 256],  # those that fit the pools
+     "count_overhead": true}                     # add measured scheduler time per step to T
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang.srt.speculative.adaptive.baselines import FixedKPolicy, TierPolicy
+from sglang.srt.speculative.adaptive.policy import GoodputPolicy
+from sglang.srt.speculative.adaptive.step_time_model import FEATURES
+
+FLAG = "--speculative-adaptive-config"
+POLICIES = ("goodput", "fixed", "tiers")  # keys of _FACTORIES
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    policy: str = "goodput"
+    fixed_k: int | None = None
+    tiers: dict[int, int] = field(default_factory=lambda: {1: 3, 8: 2, 32: 1, 64: 0})
+    hysteresis: float = 0.02
+    initial_accept: float = 0.7
+    server_prior_count: float = 8.0
+    prior_strength: float = 4.0
+    server_accept_decay: float = 0.999
+    request_accept_decay: float = 0.95
+    time_model: dict[str, float] | None = None
+    online_correction: bool = True
+    time_decay: float = 0.98
+    time_prior_weight: float = 0.05
+    profile: bool = True
+    profile_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
+    count_overhead: bool = True
+
+
+def _err(msg: str) -> ValueError:
+    return ValueError(f"{FLAG}: {msg}")
+
+
+def _number(key: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _err(f"{key!r} must be a number, got {v!r}")
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise _err(f"{key!r} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def _int(key: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise _err(f"{key!r} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _err(f"{key!r} must be true or false, got {v!r}")
+    return v
+
+
+def _tiers(v: Any) -> dict[int, int]:
+    if not isinstance(v, dict) or not v:
+        raise _err(f"'tiers' must be a non-empty object of batch size -> draft length, got {v!r}")
+    out = {}
+    for k, d in v.items():
+        try:
+            bs = int(k)
+        except ValueError:
+            raise _err(f"'tiers' key {k!r} is not an integer batch size") from None
+        out[_int("tiers key", bs, 1)] = _int(f"tiers[{k!r}]", d, 0)
+    return out
+
+
+def _time_model(v: Any) -> dict[str, float]:
+    if not isinstance(v, dict):
+        raise _err(f"'time_model' must be an object of coefficients, got {v!r}")
+    unknown = sorted(set(v) - set(FEATURES))
+    if unknown:
+        raise _err(f"unknown 'time_model' keys {unknown}; known: {list(FEATURES)}")
+    return {k: _number(f"time_model.{k}", c, 0.0, float("inf")) for k, c in v.items()}
+
+
+def _batch_sizes(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v:
+        raise _err(f"'profile_batch_sizes' must be a non-empty list, got {v!r}")
+    return tuple(_int("profile_batch_sizes", b, 1) for b in v)
+
+
+_CHECKS = {
+    "policy": lambda v: v if v in POLICIES else _raise(f"'policy' must be one of {POLICIES}"),
+    "fixed_k": lambda v: _int("fixed_k", v, 0),
+    "tiers": _tiers,
+    "hysteresis": lambda v: _number("hysteresis", v, 0.0, 1.0),
+    "initial_accept": lambda v: _number("initial_accept", v, 0.0, 1.0),
+    "server_prior_count": lambda v: _number("server_prior_count", v, 0.0, 1e9, lo_open=True),
+    "prior_strength": lambda v: _number("prior_strength", v, 0.0, 1e9, lo_open=True),
+    "server_accept_decay": lambda v: _number("server_accept_decay", v, 0.0, 1.0, lo_open=True),
+    "request_accept_decay": lambda v: _number("request_accept_decay", v, 0.0, 1.0, lo_open=True),
+    "time_model": _time_model,
+    "online_correction": lambda v: _bool("online_correction", v),
+    "time_decay": lambda v: _number("time_decay", v, 0.0, 1.0, lo_open=True),
+    "time_prior_weight": lambda v: _number("time_prior_weight", v, 0.0, 1e9, lo_open=True),
+    "profile": lambda v: _bool("profile", v),
+    "profile_batch_sizes": _batch_sizes,
+    "count_overhead": lambda v: _bool("count_overhead", v),
+}
+assert set(_CHECKS) == {f.name for f in dataclasses.fields(AdaptiveConfig)}
+
+
+def _raise(msg: str) -> Any:
+    raise _err(msg)
+
+
+def parse_adaptive_config(value: str | None) -> AdaptiveConfig:
+    """Parse --speculative-adaptive-config (inline JSON, or a path to a JSON file; None gives
+    the defaults). Raises ValueError naming the flag on unreadable files, bad JSON, unknown
+    keys or out-of-range values."""
+    if value is None or not value.strip():
+        return AdaptiveConfig()
+    text = value
+    if not value.lstrip().startswith(("{", "[")):
+        if not os.path.isfile(value):
+            raise _err(f"not a JSON object and not an existing file: {value!r}")
+        with open(value, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _err(f"invalid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise _err(f"must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_CHECKS))
+    if unknown:
+        raise _err(f"unknown keys {unknown}; known: {sorted(_CHECKS)}")
+    return AdaptiveConfig(**{k: _CHECKS[k](v) for k, v in raw.items()})
+
+
+_FACTORIES = {
+    "goodput": lambda cfg, k: GoodputPolicy(cfg.hysteresis),
+    "fixed": lambda cfg, k: FixedKPolicy(k if cfg.fixed_k is None else cfg.fixed_k),
+    "tiers": lambda cfg, k: TierPolicy(cfg.tiers),
+}
+
+
+def build_policy(cfg: AdaptiveConfig, k: int) -> GoodputPolicy | FixedKPolicy | TierPolicy:
+    """The draft-length policy named by cfg.policy, for server draft length K = k."""
+    return _FACTORIES[cfg.policy](cfg, k)

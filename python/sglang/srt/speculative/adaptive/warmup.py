@@ -1,0 +1,99 @@
+"""Startup warm-up sweep for the step-time model: synthetic decode steps on the real worker.
+
+A synthetic step gives `bs` fake requests a context of `context_len` tokens (KV slots are
+allocated but hold garbage; only timing matters), a one-token draft catch-up, and `d` draft
+tokens each (d = 0: a plain decode step), then runs the speculative worker exactly as a real
+step would (EAGLEWorkerV2.forward_batch_generation). Every slot is freed afterwards, so the
+pools are as before. Runs before any request is admitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo, SamplingRow
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.spec_info import SpecPlan
+
+logger = logging.getLogger(__name__)
+
+
+def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[[int, int], float]:
+    """run_step(bs, d) -> forward seconds of one synthetic step on scheduler.tp_worker.
+    Raises RuntimeError when the pools cannot hold bs requests of context_len + 1 + d tokens."""
+    s = scheduler
+    worker, mc = s.tp_worker, s.model_config
+    hidden = torch.zeros(
+        1, 3 * mc.hidden_size, dtype=worker.model_runner.dtype, device=worker.device
+    )  # [1, 3H] aux hidden state of the pending position
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+    def run_step(bs: int, d: int) -> float:
+        per_req = context_len + 1 + d
+        rows = s.req_to_token_pool.alloc(bs)
+        slots = s.allocator.alloc(bs * per_req) if rows is not None else None
+        if slots is None:
+            if rows is not None:
+                for r in rows:
+                    s.req_to_token_pool.free(r)
+            raise RuntimeError(f"synthetic step: no room for {bs} x {per_req} tokens")
+        try:
+            for i, r in enumerate(rows):
+                s.req_to_token_pool.write(r, 0, slots[i * per_req : (i + 1) * per_req])
+            return worker.forward_batch_generation(
+                _batch(rows, slots, d, context_len)
+            ).forward_time_s
+        finally:
+            s.allocator.free(slots)
+            for r in rows:
+                s.req_to_token_pool.free(r)
+
+    def _batch(rows: list[int], slots: torch.Tensor, d: int, n: int) -> ModelWorkerBatch:
+        bs, per_req = len(rows), n + 1 + d
+        tok = [100 + i for i in range(bs)]
+        step = torch.cat([slots[i * per_req + n : (i + 1) * per_req] for i in range(bs)])
+        plan = SpecPlan(draft_lens=[d] * bs)
+        for i in range(bs):
+            plan.catchup_ids.append([tok[i]] if d else [])
+            plan.catchup_prefix_lens.append(n - 1 if d else 0)
+            plan.catchup_slots.append(slots[i * per_req + n - 1 : i * per_req + n] if d else None)
+            plan.catchup_hidden.append(hidden if d else None)
+        info = SamplingBatchInfo.from_rows(
+            [SamplingRow(greedy, [tok[i]], [], i) for i in range(bs)], mc.vocab_size, worker.device
+        )
+        return ModelWorkerBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY if d else ForwardMode.DECODE,
+            input_ids=torch.tensor([t for i in range(bs) for t in [tok[i]] + [0] * d]),
+            out_cache_loc=step.to(torch.int64),
+            req_pool_indices=list(rows),
+            seq_lens=[n + 1 + d] * bs,
+            extend_prefix_lens=[n] * bs,
+            extend_seq_lens=[1 + d] * bs,
+            num_logit_rows=[1 + d] * bs,
+            sample=[True] * bs,
+            input_logprob_targets=[[] for _ in range(bs)],
+            sampling_info=info,
+            top_logprobs_nums=[0] * bs,
+            spec=plan,
+        )
+
+    return run_step
+
+
+def profile_on_worker(scheduler: Any, controller: Any, context_len: int = 512) -> None:
+    """Run controller.profile with synthetic steps, over the configured batch sizes that fit
+    the pools (context_len is capped by the model's context length)."""
+    s = scheduler
+    k = controller.k
+    ctx = max(2, min(context_len, s.model_config.context_len - k - 2))
+    fit = min(s.req_to_token_pool.available_size(), s.allocator.available_size() // (ctx + 1 + k))
+    t0 = time.perf_counter()
+    controller.profile(make_synthetic_step(s, ctx), ctx, max_batch_size=fit)
+    logger.info("adaptive speculation warm-up sweep took %.1f s", time.perf_counter() - t0)
