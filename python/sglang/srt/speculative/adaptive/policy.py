@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang.srt.speculative.adaptive.step_time_model import allocation_features, step_features
+from sglang.srt.speculative.adaptive.step_time_model import FEATURES, allocation_features
 
 # Seconds for a [m, F] feature matrix -> [m].
 TimeFn = Callable[[np.ndarray], np.ndarray]
@@ -97,41 +97,36 @@ class GoodputPolicy:
 
     @staticmethod
     def best_allocation(view: BatchView, time_fn: TimeFn) -> np.ndarray:
-        """The best prefix of the greedy marginal order, over every depth limit L = 0..K
-        (d_r <= L): a step costs max(d_r) draft forwards, which the greedy order by expected
-        tokens alone does not see. Returns [n] int64."""
-        best, best_rate = np.zeros(view.size, dtype=np.int64), -1.0
-        for depth in range(1, int(view.caps.max(initial=0)) + 1):
-            d, rate = GoodputPolicy._greedy_prefix(view, np.minimum(view.caps, depth), time_fn)
-            if rate > best_rate:
-                best, best_rate = d, rate
-        return best
-
-    @staticmethod
-    def _greedy_prefix(
-        view: BatchView, caps: np.ndarray, time_fn: TimeFn
-    ) -> tuple[np.ndarray, float]:
-        """Best prefix (including the empty one) of the greedy order under `caps` [n]:
-        ([n] int64 draft lengths, predicted tokens/s)."""
+        """The best prefix of the greedy marginal order, over every depth limit L = 1..K
+        (d_r <= L; a step costs max(d_r) draft forwards, which the greedy order by expected
+        tokens alone does not see), or all zeros. Returns [n] int64."""
         n, k = view.alphas.shape
         gains = np.cumprod(view.alphas, axis=1)  # [n, K] expected tokens added by draft j
-        valid = np.arange(k)[None, :] < caps[:, None]  # [n, K]
+        valid = np.arange(k)[None, :] < view.caps[:, None]  # [n, K]
         rows, js = np.nonzero(valid)  # row-major: j ascending within a request
+        if len(rows) == 0:
+            return np.zeros(n, dtype=np.int64)
         order = np.argsort(-gains[rows, js], kind="stable")
-        rows, js = rows[order], js[order]
-        # Draft-model tokens added by each increment: the first draft of a request costs its
-        # catch-up extend over the pending positions (the first draft comes out of it), each
-        # further draft one single-token draft step (as in allocation_features).
+        rows, js = rows[order], js[order]  # [m] the greedy order without depth limit
+        depths = np.arange(1, int(js.max()) + 2)[:, None]  # [D, 1]
+        sel = js[None, :] < depths  # [D, m] the order under depth limit L = row + 1
+        # Per increment: expected tokens added; draft-model tokens added (the first draft of a
+        # request costs its catch-up extend over the pending positions, the first draft comes
+        # out of it; each further draft one single-token draft step, as allocation_features).
         cost = np.where(js == 0, view.pending[rows], 1)
-        zero = np.zeros(1)
-        tokens = n + np.concatenate([zero, np.cumsum(gains[rows, js])])  # [m + 1]
-        x = step_features(
-            n,
-            n + np.arange(len(rows) + 1),
-            np.concatenate([zero, np.cumsum(cost)]),
-            np.concatenate([zero, np.maximum.accumulate(js + 1)]),
-            view.kv_tokens,
-        )  # [m + 1, F]
-        rates = tokens / time_fn(x)
-        best = int(np.argmax(rates))
-        return np.bincount(rows[:best], minlength=n).astype(np.int64), float(rates[best])
+        x = np.zeros((len(depths), len(rows) + 1, len(FEATURES)))  # [D, m + 1, F] prefixes
+        x[:, :, 0] = 1.0
+        x[:, :, 1] = n
+        x[:, 1:, 2] = np.cumsum(sel, axis=1)
+        x[:, :, 2] += n
+        x[:, 1:, 3] = np.cumsum(sel * cost, axis=1)
+        x[:, 1:, 4] = np.maximum.accumulate(sel * (js + 1), axis=1)
+        x[:, :, 5] = x[:, :, 4] > 0
+        x[:, :, 6] = view.kv_tokens
+        tokens = np.zeros((len(depths), len(rows) + 1))
+        tokens[:, 1:] = np.cumsum(sel * gains[rows, js], axis=1)
+        rates = (n + tokens) / time_fn(x.reshape(-1, len(FEATURES))).reshape(tokens.shape)
+        best = int(np.argmax(rates))  # first maximum: fewest increments, lowest depth
+        depth, end = divmod(best, len(rows) + 1)
+        take = rows[:end][sel[depth, :end]]
+        return np.bincount(take, minlength=n).astype(np.int64)

@@ -71,8 +71,10 @@ def allocation_features(
     d = np.asarray(draft_lens, dtype=np.int64)
     p = np.asarray(pending, dtype=np.int64)
     on = d > 0
-    draft = int((p[on] + d[on] - 1).sum())
-    return step_features(len(d), len(d) + int(d.sum()), draft, int(d.max(initial=0)), kv_tokens)
+    draft = float((p[on] + d[on] - 1).sum())
+    steps = float(d.max(initial=0))
+    n = float(len(d))
+    return np.array([1.0, n, n + float(d.sum()), draft, steps, float(steps > 0), kv_tokens])
 
 
 class StepTimeModel:
