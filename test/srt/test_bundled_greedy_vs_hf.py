@@ -55,3 +55,18 @@ def test_bundled_greedy_matches_hf(hf_outputs):
         assert [o["output_ids"] for o in outs] == expected
         assert all(o["meta_info"]["completion_tokens"] == NEW_TOKENS for o in outs)
         assert_no_kv_leak(engine)
+
+
+def test_bundled_draft_is_default_and_lossless(hf_outputs):
+    """`--speculative-algorithm EAGLE3` on the bundled model uses the bundled trained draft;
+    greedy output still equals HF transformers token for token, and the draft is often right."""
+    prompts, expected = hf_outputs
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+    with Engine(dtype="float32", speculative_algorithm="EAGLE3") as engine:
+        assert engine.server_args.speculative_draft_model_path.endswith("smollm2_eagle3")
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in outs] == expected
+        correct = sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs)
+        proposed = sum(o["meta_info"]["spec_num_proposed_drafts"] for o in outs)
+        assert proposed > 0 and correct / proposed > 0.1  # a random draft: ~0
+        assert_no_kv_leak(engine)
