@@ -71,3 +71,4 @@ def test_server_info_and_metrics(servers):
     text = servers.get("/metrics").text
     assert "sglang:spec_accept_length_per_request_bucket" in text
     assert "sglang:spec_share_requests_drafting" in text
+    assert "sglang:spec_mean_draft_len" in text

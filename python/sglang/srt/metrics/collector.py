@@ -113,6 +113,21 @@ class TokenizerMetricsCollector:
             "Share of running requests that drafted (d > 0) in the last decode step.",
         )
 
+        self.spec_predicted_step_time = self._gauge(
+            "sglang:spec_predicted_step_time_seconds",
+            "Adaptive speculation: step time the policy predicted for the last decode step.",
+        )
+        self.spec_measured_step_time = self._gauge(
+            "sglang:spec_measured_step_time_seconds",
+            "Adaptive speculation: measured time of the last decode step.",
+        )
+        self.spec_mean_draft_len = self._gauge(
+            "sglang:spec_mean_draft_len", "Mean draft length per request-step so far."
+        )
+        self.spec_sum_draft_len = self._gauge(
+            "sglang:spec_last_step_sum_draft_len", "Sum of draft lengths in the last decode step."
+        )
+
     # ---- writers ----------------------------------------------------------------------------
     def observe_first_token(self, ttft_s: float) -> None:
         """Record one request's time to first token (seconds). Once this is used, TTFT is no
@@ -163,6 +178,14 @@ class TokenizerMetricsCollector:
                 self.num_used_tokens.set(state["kv_pool_size"] - state["kv_available_tokens"])
             if state.get("avg_spec_accept_length") is not None:
                 self.spec_accept_length.set(state["avg_spec_accept_length"])
+            for key, gauge in (
+                ("spec_predicted_step_time_s", self.spec_predicted_step_time),
+                ("spec_measured_step_time_s", self.spec_measured_step_time),
+                ("spec_mean_draft_len", self.spec_mean_draft_len),
+                ("spec_last_step_sum_draft_len", self.spec_sum_draft_len),
+            ):
+                if isinstance(state.get(key), (int, float)):
+                    gauge.set(state[key])
             if state.get("spec_last_step_share_drafting") is not None:
                 self.spec_share_drafting.set(state["spec_last_step_share_drafting"])
 
