@@ -291,3 +291,37 @@ def test_bad_speculative_flags(tiny_model_dir, draft_dir, kw, msg):
     args = {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": draft_dir, **kw}
     with pytest.raises(ValueError, match=msg):
         make_scheduler(tiny_model_dir, **args)
+
+
+def test_trained_tiny_draft_is_often_right_and_lossless(tiny_model_dir, tmp_path_factory):
+    """Issue 5's loop end to end: a short EAGLE-3 training run on the tiny target's own
+    continuations gives a draft the engine loads, that is often right, and that keeps greedy
+    output identical to no speculation."""
+    from sglang.test.tiny_eagle3 import train_tiny_draft
+
+    texts = [f"Request {i}: tell me about {w}" for i, w in enumerate("abcdefghijkl")]
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    draft = train_tiny_draft(
+        tiny_model_dir,
+        str(tmp_path_factory.mktemp("trained")),
+        steps=300,
+        prompts=texts,
+        max_new_tokens=24,
+    )
+    with Engine(model_path=tiny_model_dir) as e:
+        ref = [o["output_ids"] for o in e.generate(texts, params)]
+    with Engine(
+        model_path=tiny_model_dir,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        speculative_num_steps=K,
+    ) as e:
+        outs = e.generate(texts, params)
+        n2 = e.generate(texts[0], {**params, "n": 2})
+        assert_no_kv_leak(e)
+    assert [o["output_ids"] for o in outs] == ref
+    assert [o["output_ids"] for o in n2] == [ref[0], ref[0]]
+    correct = sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs)
+    proposed = sum(o["meta_info"]["spec_num_proposed_drafts"] for o in outs)
+    accept_len = sum(len(r) for r in ref) / sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+    assert correct / proposed > 0.5 and accept_len > 2.0, (correct, proposed, accept_len)
