@@ -14,6 +14,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("sglang.srt.models.qwen2", "Qwen2ForCausalLM"),
     # EAGLE-3 draft heads (module written separately; listed only once it exists)
     "LlamaForCausalLMEagle3": ("sglang.srt.models.llama_eagle3", "LlamaForCausalLMEagle3"),
+    # EAGLE (v1/v2) draft heads
+    "LlamaForCausalLMEagle": ("sglang.srt.models.llama_eagle", "LlamaForCausalLMEagle"),
 }
 
 

@@ -1,10 +1,15 @@
-"""EAGLE-3 draft checkpoints: validation against the target, loading, and writing.
+"""EAGLE-3 and EAGLE (v1) draft checkpoints: validation against the target, loading, and
+writing (EAGLE-3 only).
 
-Format (upstream SGLang / SpecForge, see docs "EAGLE-3 checkpoints"): a directory with
+EAGLE-3 format (upstream SGLang / SpecForge, see docs "EAGLE-3 checkpoints"): a directory with
 config.json (architectures ["LlamaForCausalLMEagle3"], model_type "llama", num_hidden_layers 1,
 vocab_size = the target's, optional draft_vocab_size, target_hidden_size and
 eagle_config.eagle_aux_hidden_state_layer_ids) and model.safetensors with unfused HF names
 (fc.weight, midlayer.self_attn.q_proj.weight, ..., lm_head.weight, d2t, t2d).
+
+EAGLE (v1/v2) format (SafeAILab/EAGLE, upstream models/llama_eagle.py): config.json of the
+target's shape with architectures ["LlamaForCausalLMEagle"] and num_hidden_layers N, tensors
+fc.weight [H, 2H], fc.bias, layers.{i}.* (see models/llama_eagle.py).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 
 from sglang.srt.model_loader.weight_utils import checkpoint_weights_iterator
+from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
 if TYPE_CHECKING:
@@ -45,25 +51,57 @@ def read_draft_config(draft_path: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def validate_draft_config(cfg: dict[str, Any], target_vocab: int, target_hidden: int) -> None:
-    """Refuse a draft that cannot run on this target.
+def draft_algorithm(cfg: dict[str, Any]) -> str:
+    """ "EAGLE3" or "EAGLE" from the draft config's architectures.
 
     Raises:
-        ValueError: unsupported architecture (EAGLE v1 included: not supported yet), more than
-            one layer, vocab_size != target_vocab, target_hidden_size (or hidden_size when
-            absent) != target_hidden, hidden_size != target_hidden (the embedding is shared), or
-            draft_vocab_size outside [1, vocab_size]. Messages name the field and both values.
+        ValueError: no known EAGLE-3 / EAGLE architecture name.
     """
     archs = list(cfg.get("architectures") or [])
-    if not any(a in EAGLE3_ARCHS for a in archs):
-        if any(a in EAGLE1_ARCHS for a in archs):
-            raise ValueError(
-                f"draft architecture {archs} is EAGLE (v1): not supported yet; "
-                f"use an EAGLE-3 draft ({' or '.join(EAGLE3_ARCHS)})"
-            )
+    if any(a in EAGLE3_ARCHS for a in archs):
+        return "EAGLE3"
+    if any(a in EAGLE1_ARCHS for a in archs):
+        return "EAGLE"
+    raise ValueError(
+        f"draft architecture {archs} is not supported: expected one of "
+        f"{list(EAGLE3_ARCHS + EAGLE1_ARCHS)}"
+    )
+
+
+def check_draft_algorithm(cfg: dict[str, Any], algorithm: str | None) -> str:
+    """The draft's algorithm ("EAGLE3" / "EAGLE"); when `algorithm` (--speculative-algorithm)
+    is given it must match.
+
+    Raises:
+        ValueError: see draft_algorithm, or the checkpoint is of the other algorithm.
+    """
+    kind = draft_algorithm(cfg)
+    if algorithm is not None and algorithm.upper() != kind:
+        archs = list(cfg.get("architectures") or [])
         raise ValueError(
-            f"draft architecture {archs} is not supported: expected one of {list(EAGLE3_ARCHS)}"
+            f"--speculative-algorithm {algorithm.upper()} does not match the draft checkpoint: "
+            f"architecture {archs} is an {kind} draft; use --speculative-algorithm {kind} or "
+            f"an {algorithm.upper()} draft"
         )
+    return kind
+
+
+def validate_draft_config(
+    cfg: dict[str, Any], target_vocab: int, target_hidden: int, algorithm: str | None = None
+) -> str:
+    """Refuse a draft that cannot run on this target; returns its algorithm ("EAGLE3" or
+    "EAGLE", see check_draft_algorithm).
+
+    Raises:
+        ValueError: unsupported architecture or one not matching `algorithm`; for EAGLE, see
+            validate_eagle_config; for EAGLE-3: more than one layer, vocab_size !=
+            target_vocab, target_hidden_size (or hidden_size when absent) != target_hidden,
+            hidden_size != target_hidden (the embedding is shared), or draft_vocab_size
+            outside [1, vocab_size]. Messages name the field and both values.
+    """
+    if check_draft_algorithm(cfg, algorithm) == "EAGLE":
+        validate_eagle_config(cfg, target_vocab, target_hidden)
+        return "EAGLE"
     layers = cfg.get("num_hidden_layers", 1)
     if layers != 1:
         raise ValueError(f"draft num_hidden_layers is {layers}; only 1 is supported")
@@ -91,6 +129,35 @@ def validate_draft_config(cfg: dict[str, Any], target_vocab: int, target_hidden:
         raise ValueError(
             f"draft draft_vocab_size ({draft_vocab}) must be in [1, vocab_size ({vocab})]"
         )
+    return "EAGLE3"
+
+
+def validate_eagle_config(cfg: dict[str, Any], target_vocab: int, target_hidden: int) -> None:
+    """Refuse an EAGLE (v1) draft that cannot run on this target.
+
+    Raises:
+        ValueError: num_hidden_layers < 1, vocab_size != target_vocab, hidden_size !=
+            target_hidden (the draft reads the target's hidden states and shares its embedding
+            and lm_head), or a reduced vocabulary (draft_vocab_size / hot_vocab_size).
+    """
+    layers = cfg.get("num_hidden_layers", 1)
+    if not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"EAGLE draft num_hidden_layers is {layers}; need at least 1")
+    vocab = cfg.get("vocab_size")
+    if vocab != target_vocab:
+        raise ValueError(
+            f"draft vocab_size ({vocab}) != target vocab_size ({target_vocab}): "
+            "the draft was trained for another target"
+        )
+    hidden = cfg.get("hidden_size")
+    if hidden != target_hidden:
+        raise ValueError(
+            f"draft hidden_size ({hidden}) != target hidden_size ({target_hidden}): an EAGLE "
+            "draft reads the target's hidden states and shares its embedding and lm_head"
+        )
+    for field in ("draft_vocab_size", "hot_vocab_size"):
+        if cfg.get(field) is not None:
+            raise ValueError(f"EAGLE draft {field} is not supported (full vocabulary only)")
 
 
 def default_capture_layers(num_target_layers: int) -> list[int]:
@@ -131,12 +198,13 @@ def aux_layer_ids(draft_hf_config: Any, num_target_layers: int) -> list[int] | N
     return ids
 
 
-def build_draft_hf_config(cfg: dict[str, Any]) -> PretrainedConfig:
-    """LlamaConfig from the draft's config dict; extra fields (draft_vocab_size,
-    target_hidden_size, eagle_config) are kept as attributes (absent ones set to None)."""
+def build_draft_hf_config(cfg: dict[str, Any], arch: str = _CONFIG_ARCH) -> PretrainedConfig:
+    """LlamaConfig (architectures [arch]) from the draft's config dict; extra fields
+    (draft_vocab_size, target_hidden_size, eagle_config) are kept as attributes (absent ones
+    set to None)."""
     kw = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
     config = LlamaConfig(**kw)
-    config.architectures = [_CONFIG_ARCH]
+    config.architectures = [arch]
     for extra in ("draft_vocab_size", "target_hidden_size", "eagle_config"):
         if not hasattr(config, extra):
             setattr(config, extra, None)
@@ -159,24 +227,35 @@ def load_draft_model(
     target_config: ModelConfig,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-) -> LlamaForCausalLMEagle3:
-    """Validate, build and load the EAGLE-3 draft in `draft_path` for `target_model`.
+    algorithm: str | None = None,
+) -> LlamaForCausalLMEagle3 | LlamaForCausalLMEagle:
+    """Validate, build and load the EAGLE-3 or EAGLE draft in `draft_path` for `target_model`
+    (chosen by the checkpoint's architecture; `algorithm`, when given, must match it).
 
-    Shares the target's embedding (and lm_head when the draft has no draft_vocab_size), and
-    turns on the target's aux hidden-state capture at the draft's layers
-    (target_model.set_eagle3_layers_to_capture). dtype defaults to target_config.dtype.
-    Returns the model in eval mode, requires_grad off.
+    EAGLE-3: shares the target's embedding (and lm_head when the draft has no
+    draft_vocab_size), and turns on the target's aux hidden-state capture at the draft's layers
+    (target_model.set_eagle3_layers_to_capture). EAGLE: shares the target's embedding and
+    lm_head, and turns aux capture off (the draft reads the target's final hidden states).
+    dtype defaults to target_config.dtype. Returns the model in eval mode, requires_grad off.
 
     Raises:
         ValueError: see read_draft_config, validate_draft_config, aux_layer_ids; or the
             checkpoint lacks tensors (the message lists some).
     """
     cfg = read_draft_config(draft_path)
-    validate_draft_config(cfg, target_config.vocab_size, target_config.hidden_size)
-    hf_config = build_draft_hf_config(cfg)
-    layer_ids = aux_layer_ids(hf_config, target_config.num_hidden_layers)
+    kind = validate_draft_config(
+        cfg, target_config.vocab_size, target_config.hidden_size, algorithm
+    )
+    layer_ids = None
+    if kind == "EAGLE":
+        hf_config = build_draft_hf_config(cfg, EAGLE1_ARCHS[0])
+        model_cls = LlamaForCausalLMEagle
+    else:
+        hf_config = build_draft_hf_config(cfg)
+        layer_ids = aux_layer_ids(hf_config, target_config.num_hidden_layers)
+        model_cls = LlamaForCausalLMEagle3
     with _default_dtype(dtype or target_config.dtype), torch.device(device):
-        model = LlamaForCausalLMEagle3(hf_config)
+        model = model_cls(hf_config)
     loaded = model.load_weights(checkpoint_weights_iterator(draft_path))
     missing = sorted(model.required_weight_names() - loaded)
     if missing:
@@ -186,7 +265,10 @@ def load_draft_model(
         )
     embed, head = target_model.get_embed_and_head()
     model.set_embed_and_head(embed, head)
-    target_model.set_eagle3_layers_to_capture(layer_ids)
+    if kind == "EAGLE":
+        target_model.capture_aux_hidden_states = False
+    else:
+        target_model.set_eagle3_layers_to_capture(layer_ids)
     return model.eval().requires_grad_(False)
 
 

@@ -17,7 +17,9 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.sampling.random import (
     STREAM_DRAFT,
     STREAM_SAMPLE,
@@ -26,7 +28,11 @@ from sglang.srt.sampling.random import (
     uniform_noise,
 )
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative.draft_config import aux_layer_ids
+from sglang.srt.speculative.draft_config import (
+    aux_layer_ids,
+    check_draft_algorithm,
+    read_draft_config,
+)
 from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
 from sglang.srt.speculative.verify import speculative_sample, verify_greedy
@@ -38,9 +44,16 @@ class EAGLEWorkerV2:
         self.model_runner = self.target_worker.model_runner
         self.device = self.target_worker.device
         self.vocab_size = model_config.vocab_size
-        self.draft = DraftRunner(server_args.speculative_draft_model_path, self.model_runner)
-        layers = aux_layer_ids(self.draft.model.config, model_config.num_hidden_layers)
-        self.model_runner.model.set_eagle3_layers_to_capture(layers)
+        draft_path = server_args.speculative_draft_model_path
+        # --speculative-algorithm must match the checkpoint (ValueError before loading the draft)
+        check_draft_algorithm(read_draft_config(draft_path), server_args.speculative_algorithm)
+        self.draft = DraftRunner(draft_path, self.model_runner)
+        if isinstance(self.draft.model, LlamaForCausalLMEagle3):
+            layers = aux_layer_ids(self.draft.model.config, model_config.num_hidden_layers)
+            self.model_runner.model.set_eagle3_layers_to_capture(layers)
+        # EAGLE (v1) drafts read the target's final hidden states: no aux capture, and their
+        # KV pool needs one layer per draft decoder layer.
+        _ensure_draft_kv_layers(self.draft, self.draft.model.config.num_hidden_layers)
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -238,6 +251,15 @@ class EAGLEWorkerV2:
                 spec.top_logprobs.append([list(zip(v, t, strict=True)) for v, t in tops])
                 k += len(ts)
         return GenerationBatchResult(next_token_ids=[ts[-1] for ts in tokens], spec=spec)
+
+
+def _ensure_draft_kv_layers(draft: DraftRunner, num_layers: int) -> None:
+    """Give the draft KV pool `num_layers` layers (DraftRunner builds a 1-layer pool)."""
+    pool = draft.kv_pool
+    if pool.layer_num < num_layers:
+        draft.kv_pool = MHATokenToKVPool(
+            pool.size, pool.dtype, pool.head_num, pool.head_dim, num_layers, pool.device
+        )
 
 
 def _with_input_ids(mwb: ModelWorkerBatch, input_ids: torch.Tensor) -> ModelWorkerBatch:
