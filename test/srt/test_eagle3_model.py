@@ -257,7 +257,7 @@ def _write_variant(src: str, dst, **changes) -> str:
             r"draft target_hidden_size \(128\) != target hidden_size \(64\)",
         ),
         ({"draft_vocab_size": 50000}, r"draft_vocab_size \(50000\) must be in \[1, vocab_size"),
-        ({"architectures": ["LlamaForCausalLMEagle"]}, "EAGLE \\(v1\\): not supported yet"),
+        ({"architectures": ["LlamaForCausalLMEagle"]}, "draft_vocab_size is not supported"),
         ({"architectures": ["LlamaForCausalLM"]}, "is not supported: expected one of"),
         ({"num_hidden_layers": 2}, "only 1 is supported"),
         ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 0, 1]}}, "3 distinct"),

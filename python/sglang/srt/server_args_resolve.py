@@ -85,10 +85,10 @@ def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
     if a.speculative_draft_model_path is None:
         from sglang.srt.speculative.bundled_draft import bundled_draft_path
 
-        path = bundled_draft_path() if bundled else None
+        path = bundled_draft_path() if bundled and algo == "EAGLE3" else None
         if path is None:
             raise ValueError(
-                "--speculative-draft-model-path is required (a bundled EAGLE-3 draft exists only "
-                "for the bundled SmolLM2-135M-Instruct)"
+                "--speculative-draft-model-path is required (a bundled draft exists only for "
+                "--speculative-algorithm EAGLE3 on the bundled SmolLM2-135M-Instruct)"
             )
         a.speculative_draft_model_path = path

@@ -1,4 +1,4 @@
-"""DraftRunner: the EAGLE-3 draft model, its one-layer KV pool and its attention backend.
+"""DraftRunner: the EAGLE / EAGLE-3 draft model, its KV pool and its attention backend.
 
 The draft KV pool is indexed by the same token slots as the target's (a draft KV entry for
 position t lives at the slot of the target's token t), so the scheduler's single allocator and
@@ -35,7 +35,7 @@ class DraftRunner:
             self.dtype,
             cfg.num_key_value_heads,
             head_dim,
-            1,
+            cfg.num_hidden_layers,  # EAGLE-3: 1; EAGLE: one per draft decoder layer
             self.device,
         )
         self.attn_backend = create_attention_backend(target.server_args.attention_backend, self)

@@ -9,6 +9,7 @@ scheduler. Requests with d_i = 0 are plain decode rows of the same verify forwar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -17,7 +18,6 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.sampling.random import (
@@ -52,8 +52,6 @@ class EAGLEWorkerV2:
             layers = aux_layer_ids(self.draft.model.config, model_config.num_hidden_layers)
             self.model_runner.model.set_eagle3_layers_to_capture(layers)
         # EAGLE (v1) drafts read the target's final hidden states: no aux capture, and their
-        # KV pool needs one layer per draft decoder layer.
-        _ensure_draft_kv_layers(self.draft, self.draft.model.config.num_hidden_layers)
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -199,8 +197,7 @@ class EAGLEWorkerV2:
         for i, ds in enumerate(drafts):
             if ds:
                 input_ids[starts[i] + 1 : starts[i] + 1 + len(ds)] = torch.tensor(ds)
-        mwb_v = mwb if input_ids is mwb.input_ids else _with_input_ids(mwb, input_ids)
-        fb = self.model_runner.build_forward_batch(mwb_v)
+        fb = self.model_runner.build_forward_batch(dataclasses.replace(mwb, input_ids=input_ids))
         fb.forward_mode = ForwardMode.TARGET_VERIFY
         fb.capture_hidden_mode = CaptureHiddenMode.LAST
         out = self.model_runner.forward(fb)
@@ -251,18 +248,3 @@ class EAGLEWorkerV2:
                 spec.top_logprobs.append([list(zip(v, t, strict=True)) for v, t in tops])
                 k += len(ts)
         return GenerationBatchResult(next_token_ids=[ts[-1] for ts in tokens], spec=spec)
-
-
-def _ensure_draft_kv_layers(draft: DraftRunner, num_layers: int) -> None:
-    """Give the draft KV pool `num_layers` layers (DraftRunner builds a 1-layer pool)."""
-    pool = draft.kv_pool
-    if pool.layer_num < num_layers:
-        draft.kv_pool = MHATokenToKVPool(
-            pool.size, pool.dtype, pool.head_num, pool.head_dim, num_layers, pool.device
-        )
-
-
-def _with_input_ids(mwb: ModelWorkerBatch, input_ids: torch.Tensor) -> ModelWorkerBatch:
-    import dataclasses
-
-    return dataclasses.replace(mwb, input_ids=input_ids)
