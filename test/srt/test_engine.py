@@ -227,3 +227,30 @@ def test_engine_refuses_unknown_args_and_paths(tmp_path):
         Engine(model_path=str(tmp_path), not_a_flag=1)
     with pytest.raises(ValueError, match="does not exist"):
         Engine(model_path=str(tmp_path / "nope"))
+
+
+def test_max_new_tokens_zero_scores_prompt_only(engine):
+    out = engine.generate(
+        PROMPTS[4], {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0
+    )
+    meta = out["meta_info"]
+    assert out["output_ids"] == [] and meta["completion_tokens"] == 0
+    assert meta["finish_reason"]["type"] == "length"
+    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    assert_no_kv_leak(engine)
+
+
+def test_request_shape_errors(engine):
+    with pytest.raises(ValueError, match="rid"):
+        engine.generate(PROMPTS[:2], GREEDY, rid=["only-one"])
+    with pytest.raises(ValueError, match="not both"):
+        engine.generate(PROMPTS[0], GREEDY, input_ids=[1, 2, 3])
+
+
+def test_unspecified_max_new_tokens_is_clamped_to_the_context(engine):
+    ctx = engine.tokenizer_manager.model_config.context_len
+    ids = list(range(1000, 1000 + ctx - 5))
+    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "ignore_eos": True})
+    assert out["meta_info"]["completion_tokens"] == 5
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 6})

@@ -90,7 +90,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    srv = ServerProcess(tiny_model_dir, "--max-queued-requests", "4", api_key=KEY)
+    srv = ServerProcess(
+        tiny_model_dir, "--max-queued-requests", "4", "--max-running-requests", "2", api_key=KEY
+    )
     yield srv
     srv.stop()
 

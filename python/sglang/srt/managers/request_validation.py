@@ -11,7 +11,8 @@ def build_sampling_params(raw: dict | None, tokenizer, model_config: ModelConfig
     """Parse, verify and normalize user sampling params (upstream defaults)."""
     if raw is not None and not isinstance(raw, dict):
         raise ValueError("'sampling_params' must be a JSON object")
-    sp = SamplingParams.from_dict(raw or {})
+    raw = {k: v for k, v in (raw or {}).items() if not (k == "max_new_tokens" and v is None)}
+    sp = SamplingParams.from_dict(raw)
     sp.verify(model_config.vocab_size)
     sp.normalize(tokenizer)
     return sp
@@ -23,8 +24,8 @@ def check_prompt_length(
     """Refuse prompts that cannot fit: upstream's 'longer than the model's context length'."""
     if prompt_len >= context_len:
         raise ValueError(
-            f"The input ({prompt_len} tokens) is longer than the model's context length "
-            f"({context_len} tokens)."
+            f"The input ({prompt_len} tokens) does not fit the model's context length "
+            f"({context_len} tokens): at least one token must remain for the output."
         )
     if prompt_len + sp.max_new_tokens > context_len:
         raise ValueError(

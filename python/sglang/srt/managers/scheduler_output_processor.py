@@ -56,6 +56,10 @@ class OutputProcessor:
                 req.prefix_indices, req.last_node = idx, node
                 s.chunked_req = req
                 continue
+            if req.sampling_params.max_new_tokens == 0:  # prompt only (e.g. prompt logprobs)
+                req.finished_reason = FinishReason("length", matched=None)
+                self.finish(req)
+                continue
             lp = result.next_token_logprobs[i] if result.next_token_logprobs else None
             top = result.next_top_logprobs[i] if result.next_top_logprobs else None
             self.commit_tokens(req, [result.next_token_ids[i]], [lp], [top])
@@ -95,14 +99,10 @@ class OutputProcessor:
         return appended
 
     def check_finished(self, req: Req, prev_text_len: int) -> None:
+        """Stop token / stop string first (so a stop completed by the last allowed token is
+        still trimmed and reported as "stop"), then max_new_tokens and the context length."""
         sp = req.sampling_params
         tok = req.output_ids[-1]
-        if len(req.output_ids) >= sp.max_new_tokens:
-            req.finished_reason = FinishReason("length", matched=None)
-            return
-        if req.seqlen >= self.s.model_config.context_len:
-            req.finished_reason = FinishReason("length", matched=None)
-            return
         if len(req.output_ids) >= sp.min_new_tokens:
             stop_ids = set(sp.stop_token_ids or ())
             if tok in stop_ids or (not sp.ignore_eos and tok in self.s.model_config.eos_token_ids):
@@ -117,6 +117,12 @@ class OutputProcessor:
                     req.finished_reason = FinishReason("stop", matched=matched)
                     if not sp.no_stop_trim:
                         req.text_limit = idx
+                    return
+        if (
+            len(req.output_ids) >= sp.max_new_tokens
+            or req.seqlen >= self.s.model_config.context_len
+        ):
+            req.finished_reason = FinishReason("length", matched=None)
 
     def add_input_logprobs(self, req: Req, result: GenerationBatchResult, i: int) -> None:
         if not req.input_token_logprobs:  # upstream: the first scored token has logprob None

@@ -147,7 +147,17 @@ class TokenizerManager:
 
     def _expand(self, obj: GenerateReqInput) -> list[GenerateReqInput]:
         """Split a batch into single requests and expand n > 1 into n copies."""
-        items = [obj] if obj.is_single() else [obj[i] for i in range(obj.batch_size())]
+        if obj.text is not None and obj.input_ids is not None:
+            raise ValueError("give either 'text' or 'input_ids', not both")
+        single = obj.is_single()
+        if not single and obj.rid is not None:
+            if not isinstance(obj.rid, list) or len(obj.rid) != obj.batch_size():
+                raise ValueError(
+                    f"'rid' must be a list with one id per prompt ({obj.batch_size()}) for a batch"
+                )
+        if single and obj.rid is not None and not isinstance(obj.rid, str):
+            raise ValueError("'rid' must be a string for a single prompt")
+        items = [obj] if single else [obj[i] for i in range(obj.batch_size())]
         if not items:
             raise ValueError("the batch of prompts is empty")
         out: list[GenerateReqInput] = []
@@ -189,6 +199,13 @@ class TokenizerManager:
         if len(ids) == 0:
             raise ValueError("the prompt is empty: give a non-empty 'text' or 'input_ids'")
         sp = build_sampling_params(obj.sampling_params, self.tokenizer, self.model_config)
+        given = isinstance(obj.sampling_params, dict) and (
+            obj.sampling_params.get("max_new_tokens") is not None
+        )
+        if not given:  # upstream: an unspecified limit is clamped to what the context allows
+            sp.max_new_tokens = max(
+                0, min(sp.max_new_tokens, self.model_config.context_len - len(ids))
+            )
         check_prompt_length(len(ids), sp, self.model_config.context_len, self.max_total_num_tokens)
         if not isinstance(obj.logprob_start_len, int) or not isinstance(obj.top_logprobs_num, int):
             raise ValueError("'logprob_start_len' and 'top_logprobs_num' must be integers")
@@ -209,15 +226,17 @@ class TokenizerManager:
 
     def _check_queue(self, adding: int) -> None:
         limit = self.server_args.max_queued_requests
-        if limit is not None and len(self.rid_to_state) + adding > limit:
+        # Requests beyond the running batch's capacity wait in the scheduler's queue.
+        waiting = len(self.rid_to_state) + adding - self.server_args.max_running_requests
+        if limit is not None and waiting > limit:
             raise QueueFullError(
-                f"the server already has {len(self.rid_to_state)} requests in flight "
-                f"(--max-queued-requests {limit}); retry later"
+                f"the waiting queue is full (--max-queued-requests {limit}, "
+                f"{len(self.rid_to_state)} requests in flight); retry later"
             )
 
     def _submit(self, t: TokenizedGenerateReqInput) -> None:
         if t.rid in self.rid_to_state:
-            raise ValueError(f"duplicate request id (rid) {t.rid!r}")
+            raise ValueError(f"'rid' {t.rid!r} is already in flight (duplicate request id)")
         self.rid_to_state[t.rid] = ReqState(t.rid, len(t.input_ids), t.return_logprob)
         if self.server_args.log_requests:
             logger.info("request %s: %d prompt tokens", t.rid, len(t.input_ids))
