@@ -73,6 +73,72 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
     param.data.copy_(loaded_weight)
 
 
+# Checkpoint name fragment -> (fused parameter fragment, shard id): q/k/v into qkv_proj and
+# gate/up into gate_up_proj (upstream's stacked_params_mapping for Llama-family models).
+LLAMA_STACKED_PARAMS = (
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+)
+LLAMA_FUSED_SHARDS = {".qkv_proj": 3, ".gate_up_proj": 2}  # shards per fused parameter
+
+
+class StackedParamLoader:
+    """Loads checkpoint tensors into a module's parameters, routing shards into fused ones.
+
+    `loaded` collects the names of fully loaded parameters (a fused one counts once all its
+    shards arrived); `unexpected` the checkpoint names matching no parameter. Shape mismatches
+    raise ValueError (from the parameter's weight_loader).
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        stacked: tuple = LLAMA_STACKED_PARAMS,
+        shards: dict[str, int] | None = None,
+    ) -> None:
+        self.params = dict(module.named_parameters())
+        self.stacked = stacked
+        self.shards = LLAMA_FUSED_SHARDS if shards is None else shards
+        self.shards_seen: dict[str, set] = {}
+        self.loaded: set[str] = set()
+        self.unexpected: list[str] = []
+
+    def load(self, name: str, tensor: torch.Tensor, reported_name: str | None = None) -> None:
+        """Load one tensor named `name` (in the module's naming)."""
+        for fused, part, shard_id in self.stacked:
+            if part not in name:
+                continue
+            fused_name = name.replace(part, fused)
+            if fused_name not in self.params:
+                self.unexpected.append(reported_name or name)
+                return
+            param = self.params[fused_name]
+            param.weight_loader(param, tensor, shard_id)
+            seen = self.shards_seen.setdefault(fused_name, set())
+            seen.add(shard_id)
+            if len(seen) == self.shards[fused]:
+                self.loaded.add(fused_name)
+            return
+        if name not in self.params:
+            self.unexpected.append(reported_name or name)
+            return
+        param = self.params[name]
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        self.loaded.add(name)
+
+    def warn_unexpected(self, log, what: str) -> None:
+        if self.unexpected:
+            log.warning(
+                "%s: skipped %d unknown tensors, e.g. %s",
+                what,
+                len(self.unexpected),
+                self.unexpected[:3],
+            )
+
+
 def initialize_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
     """Random weights for --load-format dummy: normal(0, std) for matrices and biases, 1.0 for
     norm weights (any 1-D parameter whose name contains 'norm').

@@ -8,7 +8,6 @@ Qwen2 reuses every class here with different bias flags (models/qwen2.py).
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
@@ -26,7 +25,7 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope, rope_params_from_config
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.model_loader.weight_utils import StackedParamLoader
 
 logger = logging.getLogger(__name__)
 
@@ -235,53 +234,19 @@ class LlamaForCausalLM(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
-    # HF name fragment -> (fused param fragment, shard id); value of _SHARDS: shards per param
-    _STACKED = (
-        (".qkv_proj", ".q_proj", "q"),
-        (".qkv_proj", ".k_proj", "k"),
-        (".qkv_proj", ".v_proj", "v"),
-        (".gate_up_proj", ".gate_proj", 0),
-        (".gate_up_proj", ".up_proj", 1),
-    )
-    _SHARDS = {".qkv_proj": 3, ".gate_up_proj": 2}
     _SKIP = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors; returns the names of fully loaded parameters (a fused param
         counts once all its shards arrived). Unknown names are skipped with a warning."""
-        params = dict(self.named_parameters())
         tied = getattr(self.config, "tie_word_embeddings", False)
-        shards_seen: dict[str, set] = defaultdict(set)
-        loaded: set[str] = set()
-        unexpected: list[str] = []
+        loader = StackedParamLoader(self)
         for name, tensor in weights:
             if any(s in name for s in self._SKIP) or (tied and name == "lm_head.weight"):
                 continue
-            for fused, part, shard_id in self._STACKED:
-                if part not in name:
-                    continue
-                fused_name = name.replace(part, fused)
-                if fused_name not in params:
-                    unexpected.append(name)
-                    break
-                param = params[fused_name]
-                param.weight_loader(param, tensor, shard_id)
-                shards_seen[fused_name].add(shard_id)
-                if len(shards_seen[fused_name]) == self._SHARDS[fused]:
-                    loaded.add(fused_name)
-                break
-            else:
-                if name not in params:
-                    unexpected.append(name)
-                    continue
-                param = params[name]
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-                loaded.add(name)
-        if unexpected:
-            logger.warning(
-                "Skipped %d unexpected checkpoint tensors, e.g. %s", len(unexpected), unexpected[:3]
-            )
-        return loaded
+            loader.load(name, tensor)
+        loader.warn_unexpected(logger, "Llama checkpoint")
+        return loader.loaded
 
 
 def _as_param(t: torch.Tensor) -> nn.Parameter:

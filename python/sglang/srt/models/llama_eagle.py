@@ -31,7 +31,7 @@ from torch import nn
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.model_loader.weight_utils import StackedParamLoader
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -140,8 +140,6 @@ class LlamaForCausalLMEagle(nn.Module):
 
     # ---- weights --------------------------------------------------------------------------
 
-    _STACKED = LlamaForCausalLM._STACKED
-    _SHARDS = LlamaForCausalLM._SHARDS
     _IGNORED = ("embed_tokens.", "lm_head.")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -152,39 +150,14 @@ class LlamaForCausalLMEagle(nn.Module):
 
         Raises ValueError for a tensor of the wrong shape.
         """
-        params = dict(self.named_parameters())
-        shards_seen: dict[str, set] = {}
-        loaded: set[str] = set()
-        unexpected: list[str] = []
+        loader = StackedParamLoader(self)
         for raw_name, tensor in weights:
             name = raw_name.removeprefix("model.")
             if name.startswith(self._IGNORED) or "rotary_emb." in name:
                 continue
-            for fused, part, shard_id in self._STACKED:
-                if part not in name:
-                    continue
-                fused_name = name.replace(part, fused)
-                if fused_name not in params:
-                    unexpected.append(raw_name)
-                    break
-                param = params[fused_name]
-                param.weight_loader(param, tensor, shard_id)
-                shards_seen.setdefault(fused_name, set()).add(shard_id)
-                if len(shards_seen[fused_name]) == self._SHARDS[fused]:
-                    loaded.add(fused_name)
-                break
-            else:
-                if name not in params:
-                    unexpected.append(raw_name)
-                    continue
-                param = params[name]
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-                loaded.add(name)
-        if unexpected:
-            logger.warning(
-                "EAGLE draft: skipped %d unknown tensors, e.g. %s", len(unexpected), unexpected[:3]
-            )
-        return loaded
+            loader.load(name, tensor, reported_name=raw_name)
+        loader.warn_unexpected(logger, "EAGLE draft")
+        return loader.loaded
 
     def required_weight_names(self) -> set[str]:
         """Parameter names a checkpoint must provide (not the shared embedding and lm_head, and

@@ -28,7 +28,7 @@ from sglang.srt.layers.linear import QKVParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.model_loader.weight_utils import StackedParamLoader
 from sglang.srt.models.llama import LlamaAttention, LlamaMLP
 
 logger = logging.getLogger(__name__)
@@ -204,15 +204,6 @@ class LlamaForCausalLMEagle3(nn.Module):
 
     # ---- weights --------------------------------------------------------------------------
 
-    _STACKED = (
-        (".qkv_proj", ".q_proj", "q"),
-        (".qkv_proj", ".k_proj", "k"),
-        (".qkv_proj", ".v_proj", "v"),
-        (".gate_up_proj", ".gate_proj", 0),
-        (".gate_up_proj", ".up_proj", 1),
-    )
-    _SHARDS = {".qkv_proj": 3, ".gate_up_proj": 2}
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load checkpoint tensors (names with or without "model."); returns the names of the
         fully loaded parameters and buffers. embed_tokens is skipped (the target's is used).
@@ -220,45 +211,18 @@ class LlamaForCausalLMEagle3(nn.Module):
         Raises ValueError for a tensor of the wrong shape, or d2t/t2d in a checkpoint whose
         config has no draft_vocab_size.
         """
-        params = dict(self.named_parameters())
-        shards_seen: dict[str, set] = {}
-        loaded: set[str] = set()
-        unexpected: list[str] = []
+        loader = StackedParamLoader(self)
         for raw_name, tensor in weights:
             name = raw_name.removeprefix("model.")
             if name.startswith("embed_tokens.") or "rotary_emb." in name:
                 continue
             if name in ("d2t", "t2d"):
                 self._load_vocab_map(name, tensor)
-                loaded.add(name)
+                loader.loaded.add(name)
                 continue
-            for fused, part, shard_id in self._STACKED:
-                if part not in name:
-                    continue
-                fused_name = name.replace(part, fused)
-                if fused_name not in params:
-                    unexpected.append(raw_name)
-                    break
-                param = params[fused_name]
-                param.weight_loader(param, tensor, shard_id)
-                shards_seen.setdefault(fused_name, set()).add(shard_id)
-                if len(shards_seen[fused_name]) == self._SHARDS[fused]:
-                    loaded.add(fused_name)
-                break
-            else:
-                if name not in params:
-                    unexpected.append(raw_name)
-                    continue
-                param = params[name]
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-                loaded.add(name)
-        if unexpected:
-            logger.warning(
-                "EAGLE-3 draft: skipped %d unknown tensors, e.g. %s",
-                len(unexpected),
-                unexpected[:3],
-            )
-        return loaded
+            loader.load(name, tensor, reported_name=raw_name)
+        loader.warn_unexpected(logger, "EAGLE-3 draft")
+        return loader.loaded
 
     def _load_vocab_map(self, name: str, tensor: torch.Tensor) -> None:
         buf = getattr(self, name)
