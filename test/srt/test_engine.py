@@ -176,6 +176,9 @@ def test_logprobs(engine, reference):
     assert len(tail) == n_prompt - 5
     for (a, _, _), (b, _, _) in zip(tail[1:], meta["input_token_logprobs"][6:], strict=True):
         assert abs(a - b) < 1e-4
+    default = engine.generate(PROMPTS[4], GREEDY, return_logprob=True)["meta_info"]
+    last = engine.tokenizer_manager.tokenizer.encode(PROMPTS[4])[-1]
+    assert default["input_token_logprobs"] == [(None, last, None)]  # upstream's default
     assert_no_kv_leak(engine)
 
 

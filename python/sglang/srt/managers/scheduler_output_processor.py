@@ -46,7 +46,7 @@ class OutputProcessor:
             req.extend_input_len = 0
             if s.spec is not None:
                 s.spec.commit_extend(req, start, batch.is_final_chunk[i], result, i)
-            if result.input_token_logprobs is not None and result.input_token_logprobs[i]:
+            if result.input_token_logprobs is not None and req.wants_input_logprobs():
                 self.add_input_logprobs(req, result, i)
             if not batch.is_final_chunk[i]:
                 # Mid-prompt chunk: share what is computed so far through the prefix cache.

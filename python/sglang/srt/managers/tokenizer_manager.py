@@ -211,6 +211,9 @@ class TokenizerManager:
             raise ValueError("'logprob_start_len' and 'top_logprobs_num' must be integers")
         if obj.top_logprobs_num < 0:
             raise ValueError("'top_logprobs_num' must be >= 0")
+        start = obj.logprob_start_len
+        if start == -1 and obj.return_logprob:  # upstream: score from the last prompt token
+            start = len(ids) - 1
         seed = sp.sampling_seed if sp.sampling_seed is not None else self.rng.getrandbits(62)
         return TokenizedGenerateReqInput(
             rid=obj.rid if isinstance(obj.rid, str) else new_rid(),
@@ -218,7 +221,7 @@ class TokenizerManager:
             input_ids=list(ids),
             sampling_params=sp,
             return_logprob=bool(obj.return_logprob),
-            logprob_start_len=obj.logprob_start_len,
+            logprob_start_len=start,
             top_logprobs_num=obj.top_logprobs_num,
             stream=bool(obj.stream),
             seed=seed,
