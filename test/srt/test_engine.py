@@ -257,3 +257,19 @@ def test_unspecified_max_new_tokens_is_clamped_to_the_context(engine):
     assert out["meta_info"]["completion_tokens"] == 5
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 6})
+
+
+@pytest.mark.parametrize(
+    "kw, flag",
+    [
+        ({"context_length": 0}, "context-length"),
+        ({"port": 99999}, "port"),
+        ({"tokenizer_path": "/nonexistent/tok"}, "tokenizer-path"),
+        ({"max_running_requests": 0}, "max-running-requests"),
+        ({"tp_size": 2}, "tp-size"),
+        ({"attention_backend": "triton"}, "attention-backend"),
+    ],
+)
+def test_bad_server_args_are_named(tiny_model_dir, kw, flag):
+    with pytest.raises((ValueError, RuntimeError), match=flag):
+        Engine(model_path=tiny_model_dir, **kw)

@@ -4,6 +4,7 @@ ServerArgs.__post_init__); validate combinations. Raises ValueError naming the f
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -28,6 +29,12 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
     a.model_path = resolve_model_path(a.model_path)
     a.tokenizer_path = a.tokenizer_path or a.model_path
     a.served_model_name = a.served_model_name or args.model_path or "default"
+    if not 0 < a.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {a.port}")
+    if a.context_length is not None and a.context_length < 2:
+        raise ValueError(f"--context-length must be >= 2, got {a.context_length}")
+    if a.tokenizer_path is not None and not os.path.isdir(a.tokenizer_path):
+        raise ValueError(f"--tokenizer-path {a.tokenizer_path!r} is not a directory")
     if a.tp_size != 1:
         raise ValueError("--tp-size: only 1 is supported in this release")
     if a.chunked_prefill_size is None:
