@@ -13,7 +13,22 @@ def _torch_native(runner) -> AttentionBackend:
     return TorchNativeAttnBackend(runner)
 
 
-ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {"torch_native": _torch_native}
+def _triton(runner) -> AttentionBackend:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise ValueError(
+            "--attention-backend triton needs the `triton` package (pip install triton)"
+        ) from e
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    return TritonAttnBackend(runner)
+
+
+ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {
+    "torch_native": _torch_native,
+    "triton": _triton,
+}
 
 
 def create_attention_backend(name: str | None, model_runner) -> AttentionBackend:
