@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.layers.triton_kernels import use_triton_kernels
+
 
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), computed in float32 and
@@ -28,6 +30,10 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if use_triton_kernels(x):
+            from sglang.srt.layers.triton_kernels.rmsnorm import rmsnorm
+
+            return rmsnorm(x, self.weight, self.variance_epsilon, residual)
         if residual is None:
             return self._norm(x)
         residual = x + residual

@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from sglang.srt.layers.triton_kernels import use_triton_kernels
+
 
 def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
     """[rotary_dim / 2] float32: base ** (-2i / rotary_dim)."""
@@ -84,6 +86,12 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if use_triton_kernels(query):  # in place on CUDA (positions are not range-checked)
+            from sglang.srt.layers.triton_kernels.rotary import rotary_embedding_
+
+            return rotary_embedding_(
+                positions, query, key, self.cos_sin_cache, self.head_size, self.rotary_dim
+            )
         cos_sin = self.cos_sin_cache[positions]  # [T, rotary_dim] float32
         cos, sin = cos_sin.chunk(2, dim=-1)
         cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(query.dtype)  # [T, 1, rotary_dim]
