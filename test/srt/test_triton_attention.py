@@ -31,6 +31,8 @@ from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
 )
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# The float32 tests run where the kernels run: on CUDA when present, else the interpreter.
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_case(
@@ -116,7 +118,7 @@ def run_backend(fb, layer, qkv):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_extend_matches_reference(seed):
-    fb, layer, qkv, expected = make_case(seed, decode=False)
+    fb, layer, qkv, expected = make_case(seed, decode=False, device=DEV)
     out = run_backend(fb, layer, qkv)
     assert out.shape == expected.shape and out.dtype == torch.float32
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
@@ -124,14 +126,14 @@ def test_extend_matches_reference(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_decode_matches_reference(seed):
-    fb, layer, qkv, expected = make_case(seed, decode=True)
+    fb, layer, qkv, expected = make_case(seed, decode=True, device=DEV)
     out = run_backend(fb, layer, qkv)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_extend_kernel_on_decode_batch_matches_decode_kernel():
     # A one-token-per-request EXTEND step goes through the extend kernel; same answer.
-    fb, layer, qkv, expected = make_case(11, decode=True)
+    fb, layer, qkv, expected = make_case(11, decode=True, device=DEV)
     fb.forward_mode = ForwardMode.TARGET_VERIFY
     backend = TritonAttnBackend()
     fb.attn_backend = backend
@@ -141,7 +143,7 @@ def test_extend_kernel_on_decode_batch_matches_decode_kernel():
 
 
 def test_bad_head_dim_and_cpu_without_interpreter_refused(monkeypatch):
-    fb, _, (q, k, v), _ = make_case(0, decode=True, d=64)
+    fb, _, (q, k, v), _ = make_case(0, decode=True, d=64, device=DEV)
     layer = RadixAttention(6, 48, 48**-0.5, 2, 0)
     backend = TritonAttnBackend()
     backend.init_forward_metadata(fb)

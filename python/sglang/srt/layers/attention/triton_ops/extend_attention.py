@@ -40,6 +40,7 @@ def _extend_attn_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -79,7 +80,8 @@ def _extend_attn_kernel(
             mask=n_valid[:, None],
             other=0.0,
         )  # [BLOCK_N, D]
-        s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32) * sm_scale
+        s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        s = s * sm_scale
         attend = (offs_n[None, :] <= qpos[:, None]) & n_valid[None, :]
         s = tl.where(attend, s, float("-inf"))
         # Key 0 is in the first block and visible to every row, so m_new is finite.
@@ -92,7 +94,9 @@ def _extend_attn_kernel(
             mask=n_valid[:, None],
             other=0.0,
         )  # [BLOCK_N, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32
+        )
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(
@@ -153,4 +157,6 @@ def extend_attention_fwd(
         HEAD_DIM=d,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        # float32 K/V: full-precision dots (no TF32), so fp32 matches the reference to 1e-4.
+        DOT_PRECISION="ieee" if k_buf.dtype == torch.float32 else "tf32",
     )
