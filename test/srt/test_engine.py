@@ -267,7 +267,7 @@ def test_unspecified_max_new_tokens_is_clamped_to_the_context(engine):
         ({"tokenizer_path": "/nonexistent/tok"}, "tokenizer-path"),
         ({"max_running_requests": 0}, "max-running-requests"),
         ({"tp_size": 2}, "tp-size"),
-        ({"attention_backend": "triton"}, "attention-backend"),
+        ({"attention_backend": "flashinfer"}, "attention-backend"),
     ],
 )
 def test_bad_server_args_are_named(tiny_model_dir, kw, flag):
