@@ -42,8 +42,7 @@ class KVPlanner:
 
     def req_slots(self, req: Req, start: int, end: int) -> torch.Tensor:
         """KV slots ([end - start] int64 CPU) of tokens [start, end) of req."""
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
-        return row.to("cpu", torch.int64)
+        return self.req_to_token_pool.read(req.req_pool_idx, start, end)
 
     def free_token_range(self, req: Req, start: int, end: int) -> None:
         """Free the KV of tokens [start, end) (e.g. rejected draft tokens)."""

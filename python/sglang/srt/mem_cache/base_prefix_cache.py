@@ -50,6 +50,10 @@ class BasePrefixCache(ABC):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
 
+    def _req_kv(self, req_pool_idx: int, num_tokens: int) -> torch.Tensor:
+        """KV slots of a request's first num_tokens tokens: [num_tokens] int64, CPU."""
+        return self.req_to_token_pool.read(req_pool_idx, 0, num_tokens)
+
     @abstractmethod
     def reset(self) -> None:
         """Drop every cached entry without freeing slots (the scheduler clears the pools)."""

@@ -34,10 +34,6 @@ class ChunkCache(BasePrefixCache):
         """Always an empty match: ([0] int64 CPU, dummy node)."""
         return MatchPrefixResult(torch.empty(0, dtype=torch.int64), self.dummy_node)
 
-    def _req_kv(self, req_pool_idx: int, num_tokens: int) -> torch.Tensor:
-        row = self.req_to_token_pool.req_to_token[req_pool_idx, :num_tokens]
-        return row.to("cpu", torch.int64)  # [num_tokens] int64 CPU
-
     def cache_finished_req(
         self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
     ) -> None:

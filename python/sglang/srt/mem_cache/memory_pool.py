@@ -13,14 +13,20 @@ import torch
 class ReqToTokenPool:
     """Maps a request slot to the KV slots of its tokens.
 
-    req_to_token: [size, max_context_len] int32; row r, column j = KV slot of token j of the
-    request holding slot r. Written by the scheduler only.
+    req_to_token: [size, max_context_len] int32 on the model device; row r, column j = KV slot
+    of token j of the request holding slot r (read by attention kernels). req_to_token_cpu is a
+    CPU mirror the scheduler reads without device synchronisation (the same tensor on CPU).
+    Written by the scheduler only, through write().
     """
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device) -> None:
         self.size = size
         self.max_context_len = max_context_len
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        on_cpu = torch.device(device).type == "cpu"
+        self.req_to_token_cpu = (
+            self.req_to_token if on_cpu else torch.zeros((size, max_context_len), dtype=torch.int32)
+        )
         self.free_slots: list[int] = list(range(size))
 
     def available_size(self) -> int:
@@ -38,8 +44,15 @@ class ReqToTokenPool:
         self.free_slots.append(slot)
 
     def write(self, slot: int, start: int, locs: torch.Tensor) -> None:
-        """req_to_token[slot, start:start+len(locs)] = locs."""
-        self.req_to_token[slot, start : start + locs.numel()] = locs.to(torch.int32)
+        """req_to_token[slot, start:start+len(locs)] = locs (device table and CPU mirror)."""
+        end = start + locs.numel()
+        self.req_to_token[slot, start:end] = locs.to(self.req_to_token.device, torch.int32)
+        if self.req_to_token_cpu is not self.req_to_token:
+            self.req_to_token_cpu[slot, start:end] = locs.to("cpu", torch.int32)
+
+    def read(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU."""
+        return self.req_to_token_cpu[slot, start:end].to(torch.int64)
 
     def clear(self) -> None:
         self.free_slots = list(range(self.size))

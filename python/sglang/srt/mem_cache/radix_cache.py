@@ -178,10 +178,6 @@ class RadixCache(BasePrefixCache):
         self.token_to_kv_pool_allocator.free(kv[:cached][dup])
         return kv, tree_kv, node
 
-    def _req_kv(self, req_pool_idx: int, num_tokens: int) -> torch.Tensor:
-        row = self.req_to_token_pool.req_to_token[req_pool_idx, :num_tokens]
-        return row.to("cpu", torch.int64)  # [num_tokens] int64 CPU
-
     def cache_finished_req(
         self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
     ) -> None:
