@@ -48,7 +48,8 @@ def resolve_model_path(model_path: str | None) -> str:
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_torch_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Create tensors in `dtype` inside the block (the model's parameters), then restore."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -76,7 +77,7 @@ def get_model(
         raise ValueError(f"Unknown load_format '{load_format}'; choose from {LOAD_FORMATS}")
     model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architecture)
     start = time.perf_counter()
-    with _default_dtype(model_config.dtype), torch.device(device):
+    with default_torch_dtype(model_config.dtype), torch.device(device):
         model = model_cls(model_config.hf_config)
     if load_format == "dummy":
         initialize_dummy_weights(model, seed=0 if random_seed is None else random_seed)

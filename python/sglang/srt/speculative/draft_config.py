@@ -14,16 +14,15 @@ fc.weight [H, 2H], fc.bias, layers.{i}.* (see models/llama_eagle.py).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 
+from sglang.srt.model_loader.loader import default_torch_dtype
 from sglang.srt.model_loader.weight_utils import checkpoint_weights_iterator
 from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
@@ -211,16 +210,6 @@ def build_draft_hf_config(cfg: dict[str, Any], arch: str = _CONFIG_ARCH) -> Pret
     return config
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
 def load_draft_model(
     draft_path: str,
     target_model: nn.Module,
@@ -254,7 +243,7 @@ def load_draft_model(
         hf_config = build_draft_hf_config(cfg)
         layer_ids = aux_layer_ids(hf_config, target_config.num_hidden_layers)
         model_cls = LlamaForCausalLMEagle3
-    with _default_dtype(dtype or target_config.dtype), torch.device(device):
+    with default_torch_dtype(dtype or target_config.dtype), torch.device(device):
         model = model_cls(hf_config)
     loaded = model.load_weights(checkpoint_weights_iterator(draft_path))
     missing = sorted(model.required_weight_names() - loaded)
