@@ -23,6 +23,28 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Precompute per-forward metadata (index tensors, plans) once for all layers."""
 
+    # ---- CUDA graphs (model_executor/cuda_graph_runner.py). A graph is keyed by
+    # (bs, num_tokens, max_extend_len): bs requests, num_tokens query tokens in all, at most
+    # max_extend_len per request; every token is a logits row (decode or verify). The runner
+    # owns static ForwardBatch tensors (views of persistent buffers, padded: pad requests have
+    # extend length 1, seq length 1 and write KV slot 0) and fills them before each replay.
+    supports_cuda_graph: bool = False
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:  # noqa: B027
+        """Allocate persistent buffers for graphs of up to max_bs requests / max_num_tokens."""
+
+    def init_forward_metadata_capture_cuda_graph(  # noqa: B027
+        self, forward_batch: ForwardBatch, max_extend_len: int
+    ) -> None:
+        """Set forward_batch.attn_metadata before capture. Must reference only persistent
+        device buffers (no host syncs, no tensors that the replay hook would not refresh)."""
+
+    def init_forward_metadata_replay_cuda_graph(  # noqa: B027
+        self, forward_batch: ForwardBatch, max_extend_len: int
+    ) -> None:
+        """Refresh the persistent buffers before a replay. forward_batch holds the padded
+        step: device tensors already filled, *_cpu lists with the padded CPU values."""
+
     @abstractmethod
     def forward(
         self,
