@@ -81,11 +81,21 @@ class ServerArgs:
     disable_radix_cache: bool = _arg(False, "Disable prefix reuse through the radix cache.")
     attention_backend: str | None = _arg(
         None,
-        "Attention kernels (default: torch_native; flashinfer/triton on CUDA when present).",
+        "Attention kernels. Default: flashinfer on CUDA when importable, else triton; "
+        "torch_native on CPU.",
         choices=["torch_native", "triton", "flashinfer"],
     )
     disable_cuda_graph: bool = _arg(False, "Run every step eagerly on CUDA.")
-    cuda_graph_max_bs: int | None = _arg(None, "Largest batch size captured in a CUDA graph.")
+    cuda_graph_max_bs: int | None = _arg(
+        None, "Largest batch size captured in a CUDA graph (default 256)."
+    )
+    cuda_graph_bs: list[int] | None = _arg(
+        None,
+        "Batch sizes captured in CUDA graphs (default 1 2 4 8 16 24 32 48 64 96 128 160 192 "
+        "256, cut at --cuda-graph-max-bs). A step of bs requests replays the smallest bucket >= "
+        "bs; with speculation each bucket also has token buckets bs * (1 + k), k = 0..K.",
+        nargs="+",
+    )
     disable_overlap_schedule: bool = _arg(False, "Do not overlap CPU scheduling with GPU steps.")
     tp_size: int = _arg(1, "Tensor parallel size (only 1 is supported in this release).")
     random_seed: int | None = _arg(None, "Seed for weights of --load-format dummy and sampling.")
@@ -123,9 +133,13 @@ class ServerArgs:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=help_text)
                 continue
-            typ = {"int | None": int, "int": int, "float | None": float, "float": float}.get(
-                str(f.type), str
-            )
+            typ = {
+                "int | None": int,
+                "int": int,
+                "float | None": float,
+                "float": float,
+                "list[int] | None": int,
+            }.get(str(f.type), str)
             parser.add_argument(flag, type=typ, default=f.default, help=help_text, **meta)
 
     @classmethod
