@@ -25,17 +25,23 @@ def top_logprobs_of(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
 
 
 class TpModelWorker:
-    def __init__(self, model_config: ModelConfig, server_args: ServerArgs) -> None:
+    """Args: init_cuda_graphs=False when a wrapping worker (EAGLE) captures the graphs itself
+    after finishing the model's setup."""
+
+    def __init__(
+        self, model_config: ModelConfig, server_args: ServerArgs, init_cuda_graphs: bool = True
+    ) -> None:
         self.model_config = model_config
         self.model_runner = ModelRunner(model_config, server_args)
         self.sampler = Sampler()
         self.device = self.model_runner.device
+        if init_cuda_graphs:
+            self.model_runner.init_cuda_graphs()
 
     @torch.no_grad()
     def forward_batch_generation(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         t0 = time.perf_counter()
-        fb = self.model_runner.build_forward_batch(mwb)
-        logits = self.model_runner.forward(fb).next_token_logits  # [num_rows, V] float32
+        logits = self.model_runner.forward_worker_batch(mwb).next_token_logits  # [rows, V] f32
         result = self.sample(mwb, logits)
         self.synchronize()
         result.forward_time_s = time.perf_counter() - t0

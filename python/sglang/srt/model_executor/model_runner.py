@@ -15,9 +15,11 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
+    ForwardMode,
     build_positions_and_starts,
 )
 from sglang.srt.model_loader import get_model
@@ -48,6 +50,7 @@ class ModelRunner:
         self.load_model()
         self.init_memory_pool()
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
+        self.cuda_graph_runner: CudaGraphRunner | None = None
 
     def init_torch_settings(self) -> None:
         if self.device.type == "cuda":
@@ -103,7 +106,42 @@ class ModelRunner:
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens)
         logger.info("KV cache: %d tokens", self.max_total_num_tokens)
 
+    def init_cuda_graphs(
+        self, capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL, max_extend_len=1
+    ) -> None:
+        """Capture decode (and, max_extend_len = K + 1, verify) graphs, unless on CPU, under
+        --disable-cuda-graph, or with an attention backend that cannot be captured. Called by
+        the worker once the model is fully set up (EAGLE-3 capture layers included)."""
+        sa = self.server_args
+        if self.device.type != "cuda" or sa.disable_cuda_graph:
+            return
+        if not self.attn_backend.supports_cuda_graph:
+            logger.warning(
+                "attention backend %s cannot run in CUDA graphs; running eagerly",
+                sa.attention_backend,
+            )
+            return
+        sizes = graph_batch_sizes(sa.cuda_graph_bs, sa.cuda_graph_max_bs, sa.max_running_requests)
+        self.cuda_graph_runner = CudaGraphRunner(self, capture_hidden_mode, max_extend_len, sizes)
+
     # ------------------------------------------------------------------
+    def forward_worker_batch(
+        self,
+        mwb: ModelWorkerBatch,
+        forward_mode: ForwardMode | None = None,
+        capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL,
+    ) -> LogitsProcessorOutput:
+        """Run mwb: replayed through a CUDA graph when one fits, eagerly otherwise. Returns
+        logits [num_logit_rows, V] float32 (+ hidden states per capture_hidden_mode)."""
+        g = self.cuda_graph_runner
+        if g is not None and g.can_run(mwb, capture_hidden_mode):
+            return g.replay(mwb)
+        fb = self.build_forward_batch(mwb)
+        if forward_mode is not None:
+            fb.forward_mode = forward_mode
+        fb.capture_hidden_mode = capture_hidden_mode
+        return self.forward(fb)
+
     def build_forward_batch(self, mwb: ModelWorkerBatch) -> ForwardBatch:
         dev = self.device
         positions, starts = build_positions_and_starts(

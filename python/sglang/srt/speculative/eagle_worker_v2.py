@@ -40,7 +40,7 @@ from sglang.srt.speculative.verify import speculative_sample, verify_greedy
 
 class EAGLEWorkerV2:
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs) -> None:
-        self.target_worker = TpModelWorker(model_config, server_args)
+        self.target_worker = TpModelWorker(model_config, server_args, init_cuda_graphs=False)
         self.model_runner = self.target_worker.model_runner
         self.device = self.target_worker.device
         self.vocab_size = model_config.vocab_size
@@ -52,6 +52,11 @@ class EAGLEWorkerV2:
             layers = aux_layer_ids(self.draft.model.config, model_config.num_hidden_layers)
             self.model_runner.model.set_eagle3_layers_to_capture(layers)
         # EAGLE (v1) drafts read the target's final hidden states: no aux capture, and their
+        # Target graphs: decode (all d_i = 0) and verify (up to K + 1 tokens per request), both
+        # returning the captured hidden states of every row for the draft.
+        self.model_runner.init_cuda_graphs(
+            CaptureHiddenMode.LAST, server_args.speculative_num_steps + 1
+        )
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -114,9 +119,9 @@ class EAGLEWorkerV2:
     def forward_plain_decode(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         """Every d_i is 0: one target decode token per request, exactly a non-speculative step
         (plus keeping each row's aux hidden state for when drafting resumes)."""
-        fb = self.model_runner.build_forward_batch(mwb)
-        fb.capture_hidden_mode = CaptureHiddenMode.LAST
-        out = self.model_runner.forward(fb)
+        out = self.model_runner.forward_worker_batch(
+            mwb, capture_hidden_mode=CaptureHiddenMode.LAST
+        )
         result = self.target_worker.sample(mwb, out.next_token_logits)
         bs = mwb.batch_size
         lps = result.next_token_logprobs
@@ -197,10 +202,11 @@ class EAGLEWorkerV2:
         for i, ds in enumerate(drafts):
             if ds:
                 input_ids[starts[i] + 1 : starts[i] + 1 + len(ds)] = torch.tensor(ds)
-        fb = self.model_runner.build_forward_batch(dataclasses.replace(mwb, input_ids=input_ids))
-        fb.forward_mode = ForwardMode.TARGET_VERIFY
-        fb.capture_hidden_mode = CaptureHiddenMode.LAST
-        out = self.model_runner.forward(fb)
+        out = self.model_runner.forward_worker_batch(
+            dataclasses.replace(mwb, input_ids=input_ids),
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+        )
         logits, hidden = out.next_token_logits, out.hidden_states  # [R, V], [R, 3H]
 
         rows_info = info.expand([1 + x for x in d], drafts)

@@ -99,8 +99,9 @@ class TorchNativeAttnBackend(AttentionBackend):
     @staticmethod
     def _padded(q, k_buf, v_buf, layer: RadixAttention, m: PaddedMetadata) -> torch.Tensor:
         h, d = layer.tp_q_head_num, layer.head_dim
+        n = m.q_rows.numel()  # token rows past the last request's (graph padding) stay zero
         qp = q.new_zeros(m.bs * m.max_q, h, d)
-        qp[m.q_rows] = q
+        qp[m.q_rows] = q[:n]
         qp = qp.view(m.bs, m.max_q, h, d).transpose(1, 2)  # [bs, H, max_q, D]
         kp = k_buf[m.kv_slots].transpose(1, 2)  # [bs, Hkv, max_kv, D]
         vp = v_buf[m.kv_slots].transpose(1, 2)
@@ -111,11 +112,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = F.scaled_dot_product_attention(
             qp, kp.to(q.dtype), vp.to(q.dtype), attn_mask=m.mask, scale=layer.scaling
         )  # [bs, H, max_q, D]
-        return out.transpose(1, 2).reshape(m.bs * m.max_q, h, d)[m.q_rows]
+        out = out.transpose(1, 2).reshape(m.bs * m.max_q, h, d)[m.q_rows]
+        return out if n == q.shape[0] else torch.cat([out, q.new_zeros(q.shape[0] - n, h, d)])
 
     @staticmethod
     def _per_request(q, k_buf, v_buf, layer: RadixAttention, fb: ForwardBatch) -> torch.Tensor:
-        out = torch.empty_like(q)
+        out = torch.zeros_like(q)
         start = 0
         for i, slots in enumerate(fb.attn_metadata):
             n = fb.extend_seq_lens_cpu[i]

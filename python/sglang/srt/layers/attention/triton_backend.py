@@ -27,11 +27,13 @@ if TYPE_CHECKING:
 class TritonMetadata:
     """Per-forward index tensors shared by every layer (all on the model's device)."""
 
+    # Any integer dtype (the kernels cast on load): int32 copies when eager, the CUDA-graph
+    # runner's persistent int64 buffers when captured.
     req_pool_indices: torch.Tensor  # [bs] int64, row of req_to_token per request
-    seq_lens: torch.Tensor  # [bs] int32, KV length after this step
-    prefix_lens: torch.Tensor  # [bs] int32, KV already cached before this step
-    extend_lens: torch.Tensor  # [bs] int32, queries per request this step
-    extend_start: torch.Tensor  # [bs] int32, offset of request i's first query token
+    seq_lens: torch.Tensor  # [bs], KV length after this step
+    prefix_lens: torch.Tensor  # [bs], KV already cached before this step
+    extend_lens: torch.Tensor  # [bs], queries per request this step
+    extend_start: torch.Tensor  # [bs], offset of request i's first query token
     max_extend_len: int
     is_decode: bool  # every request has exactly one query
 
@@ -75,6 +77,29 @@ class TritonAttnBackend(AttentionBackend):
             is_decode=bool(ext_cpu) and max_ext == 1 and min(ext_cpu) == 1,
         )
 
+    # ---- CUDA graphs: the metadata points at the runner's persistent buffers, which it
+    # refreshes before each replay; nothing to recompute here.
+    supports_cuda_graph = True
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, forward_batch: ForwardBatch, max_extend_len: int
+    ) -> None:
+        fb = forward_batch
+        fb.attn_metadata = TritonMetadata(
+            req_pool_indices=fb.req_pool_indices,
+            seq_lens=fb.seq_lens,
+            prefix_lens=fb.extend_prefix_lens,
+            extend_lens=fb.extend_seq_lens,
+            extend_start=fb.extend_start_loc,
+            max_extend_len=max_extend_len,
+            is_decode=fb.num_tokens == fb.batch_size,
+        )
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, forward_batch: ForwardBatch, max_extend_len: int
+    ) -> None:
+        pass
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, H * D]
@@ -94,7 +119,8 @@ class TritonAttnBackend(AttentionBackend):
         k_buf = pool.get_key_buffer(layer.layer_id)
         v_buf = pool.get_value_buffer(layer.layer_id)
         q = q.reshape(-1, h, d)
-        out = torch.empty_like(q)
+        # zeros: rows no request owns (CUDA-graph token padding) stay finite
+        out = torch.zeros_like(q)
         m: TritonMetadata = forward_batch.attn_metadata
         r2t = forward_batch.req_to_token_pool.req_to_token
         if m.is_decode:

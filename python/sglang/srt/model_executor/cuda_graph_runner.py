@@ -1,0 +1,289 @@
+"""CUDA graphs for steps in which every computed token is a logits row: decode (one token per
+request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free per request).
+
+A graph is captured per (bs bucket, token bucket): bs bucket b from --cuda-graph-bs, token
+buckets b * (1 + k) for k = 0..max_extend_len - 1. A step of bs requests and T tokens replays the
+smallest b >= bs whose token bucket holds T + (b - bs) tokens. Padding (upstream's convention):
+pad requests compute one token each, at position 0 of request-pool row 0 with seq length 1, and
+write their K/V to the KV pool's padding slot 0; token rows beyond the last request are
+unassigned (attention skips them). Every op of the model is row-wise except attention, which
+reads only a request's own keys, so padding never changes the real rows' outputs.
+
+The runner owns all static inputs: one packed int64 device buffer refreshed with a single
+host-to-device copy per replay. Outputs are copied out of the graph's static buffers, so
+results survive the next replay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
+DEFAULT_CUDA_GRAPH_MAX_BS = 256
+
+
+def graph_batch_sizes(
+    cuda_graph_bs: list[int] | None, cuda_graph_max_bs: int | None, max_running_requests: int
+) -> list[int]:
+    """Sorted bs buckets: --cuda-graph-bs (or the default list) cut at --cuda-graph-max-bs and at
+    --max-running-requests (which is then always a bucket itself when smaller)."""
+    max_bs = min(cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS, max_running_requests)
+    sizes = sorted({b for b in (cuda_graph_bs or DEFAULT_CUDA_GRAPH_BS) if b <= max_bs})
+    if cuda_graph_bs is None and (not sizes or sizes[-1] < max_bs):
+        sizes.append(max_bs)
+    return sizes
+
+
+@dataclass
+class GraphKey:
+    bs: int  # requests in the graph (real + pad)
+    num_tokens: int  # token rows in the graph (= logits rows)
+
+    @property
+    def max_extend_len(self) -> int:
+        return -(-self.num_tokens // self.bs)
+
+
+class _StaticInputs:
+    """Persistent device inputs, packed in one int64 buffer so one copy refreshes them all.
+
+    Layout (int64): req_pool_indices [B] | seq_lens [B] | extend_seq_lens [B] |
+    extend_prefix_lens [B] | extend_start_loc [B] | input_ids [N] | positions [N] |
+    out_cache_loc [N], with B = max bs and N = max tokens.
+    """
+
+    def __init__(self, max_bs: int, max_tokens: int, device: torch.device) -> None:
+        self.B, self.N = max_bs, max_tokens
+        size = 5 * max_bs + 3 * max_tokens
+        self.dev = torch.zeros(size, dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)  # staging copy
+        self.host_np = self.host.numpy()
+
+    def region(self, t: torch.Tensor, k: int, n: int) -> torch.Tensor:
+        """Field k (0..7) of the packed buffer t, first n entries."""
+        B, N = self.B, self.N
+        off = k * B if k < 5 else 5 * B + (k - 5) * N
+        return t[off : off + n]
+
+
+class CudaGraphRunner:
+    """Captures and replays the target model's forward for decode / verify steps.
+
+    Args: model_runner (its model, pools and attention backend; the backend must set
+    supports_cuda_graph), capture_hidden_mode (NULL for plain serving; LAST when speculating:
+    the hidden states of every logits row come back), max_extend_len (1 without speculation,
+    K + 1 with it), batch_sizes (bs buckets), use_graphs (False: run the padded static batch
+    eagerly — the same padding path on CPU, used by the tests).
+    """
+
+    def __init__(
+        self,
+        model_runner,
+        capture_hidden_mode: CaptureHiddenMode,
+        max_extend_len: int,
+        batch_sizes: list[int],
+        use_graphs: bool = True,
+    ) -> None:
+        self.runner = model_runner
+        self.model = model_runner.model
+        self.backend = model_runner.attn_backend
+        self.device = model_runner.device
+        self.capture_hidden_mode = capture_hidden_mode
+        self.max_extend_len = max_extend_len
+        self.batch_sizes = batch_sizes
+        self.use_graphs = use_graphs
+        self.max_bs = batch_sizes[-1]
+        self.max_tokens = self.max_bs * max_extend_len
+        self.keys = [GraphKey(b, b * (1 + k)) for b in batch_sizes for k in range(max_extend_len)]
+        self.inputs = _StaticInputs(self.max_bs, self.max_tokens, self.device)
+        self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
+        if use_graphs:
+            self.backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], LogitsProcessorOutput] = {}
+        self.batches: dict[tuple[int, int], ForwardBatch] = {}
+        for key in self.keys:
+            self.batches[(key.bs, key.num_tokens)] = self._static_batch(key)
+        if use_graphs:
+            self.capture()
+
+    # ------------------------------------------------------------------ selection
+    def can_run(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode) -> bool:
+        """True when mwb is a decode/verify step that fits a captured graph: every computed
+        token is a logits row, no request computes more than max_extend_len tokens, and the
+        hidden-state capture mode is the one captured."""
+        if capture_hidden_mode != self.capture_hidden_mode:
+            return False
+        bs = mwb.batch_size
+        if bs == 0 or bs > self.max_bs or mwb.return_logprob and any(mwb.input_logprob_targets):
+            return False
+        ext = mwb.extend_seq_lens
+        if mwb.num_logit_rows != ext or max(ext) > self.max_extend_len:
+            return False
+        return self.pick(bs, sum(ext)) is not None
+
+    def pick(self, bs: int, num_tokens: int) -> GraphKey | None:
+        """The smallest bucket holding bs requests and num_tokens tokens plus one token per
+        pad request."""
+        i = bisect.bisect_left(self.batch_sizes, bs)
+        for b in self.batch_sizes[i:]:
+            need = num_tokens + (b - bs)
+            k = -(-need // b) - 1  # token bucket b * (1 + k) >= need
+            if k < self.max_extend_len:
+                return GraphKey(b, b * (1 + k))
+        return None
+
+    # ------------------------------------------------------------------ static batches
+    def _static_batch(self, key: GraphKey) -> ForwardBatch:
+        """A ForwardBatch whose tensors are views of the persistent buffers for this key."""
+        inp, d, b, n = self.inputs, self.inputs.dev, key.bs, key.num_tokens
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE if n == b else ForwardMode.TARGET_VERIFY,
+            batch_size=b,
+            input_ids=inp.region(d, 5, n),
+            positions=inp.region(d, 6, n),
+            out_cache_loc=inp.region(d, 7, n),
+            req_pool_indices=inp.region(d, 0, b),
+            seq_lens=inp.region(d, 1, b),
+            extend_seq_lens=inp.region(d, 2, b),
+            extend_prefix_lens=inp.region(d, 3, b),
+            extend_start_loc=inp.region(d, 4, b),
+            seq_lens_cpu=[1] * b,
+            extend_seq_lens_cpu=[1] * b,
+            extend_prefix_lens_cpu=[0] * b,
+            logits_indices=self.logits_indices[:n],
+            req_to_token_pool=self.runner.req_to_token_pool,
+            token_to_kv_pool=self.runner.token_to_kv_pool,
+            attn_backend=self.backend,
+            capture_hidden_mode=self.capture_hidden_mode,
+        )
+
+    def _fill(
+        self,
+        key: GraphKey,
+        req_pool_indices: list[int],
+        seq_lens: list[int],
+        extend_lens: list[int],
+        input_ids: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> ForwardBatch:
+        """Write one (padded) step into the persistent buffers; returns the key's batch with
+        its *_cpu lists set to the padded values."""
+        inp, h = self.inputs, self.inputs.host_np
+        b, n, bs, t = key.bs, key.num_tokens, len(seq_lens), int(input_ids.numel())
+        pad = b - bs
+        seq = np.array(list(seq_lens) + [1] * pad, dtype=np.int64)
+        ext = np.array(list(extend_lens) + [1] * pad, dtype=np.int64)
+        pre = seq - ext
+        starts = np.cumsum(ext) - ext
+        used = t + pad
+        positions = np.arange(used, dtype=np.int64) - np.repeat(starts - pre, ext)
+
+        def put(k: int, values, count: int, fill: int = 0) -> None:
+            off = k * inp.B if k < 5 else 5 * inp.B + (k - 5) * inp.N
+            h[off : off + len(values)] = values
+            h[off + len(values) : off + count] = fill
+
+        put(0, list(req_pool_indices) + [0] * pad, b)
+        put(1, seq, b)
+        put(2, ext, b)
+        put(3, pre, b)
+        put(4, starts, b)
+        put(5, input_ids.numpy(), n)
+        put(6, positions, n)
+        put(7, out_cache_loc.numpy(), n)
+        # Copy only the used prefix of each region, in one transfer of the whole buffer
+        # head (regions are small; the buffer is max_bs * 5 + max_tokens * 3 int64).
+        inp.dev.copy_(inp.host, non_blocking=True)
+        fb = self.batches[(b, n)]
+        fb.seq_lens_cpu = seq.tolist()
+        fb.extend_seq_lens_cpu = ext.tolist()
+        fb.extend_prefix_lens_cpu = pre.tolist()
+        return fb
+
+    # ------------------------------------------------------------------ capture
+    def _dummy_fill(self, key: GraphKey) -> ForwardBatch:
+        """Every request computes max_extend_len tokens from position 0 into slot 0."""
+        e = key.max_extend_len
+        return self._fill(
+            key,
+            [0] * key.bs,
+            [e] * key.bs,
+            [e] * key.bs,
+            torch.zeros(key.bs * e, dtype=torch.int64),
+            torch.zeros(key.bs * e, dtype=torch.int64),
+        )
+
+    def _run_model(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        return self.model.forward(fb.input_ids, fb.positions, fb)
+
+    def capture(self) -> None:
+        t0 = time.perf_counter()
+        self.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        for key in sorted(self.keys, key=lambda k: (k.num_tokens, k.bs), reverse=True):
+            fb = self._dummy_fill(key)
+            self.backend.init_forward_metadata_capture_cuda_graph(fb, key.max_extend_len)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile Triton kernels, settle allocator
+                    self._run_model(fb)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                out = self._run_model(fb)
+            self.graphs[(key.bs, key.num_tokens)] = graph
+            self.outputs[(key.bs, key.num_tokens)] = out
+        torch.cuda.synchronize(self.device)
+        logger.info(
+            "Captured %d CUDA graphs (bs %s, up to %d tokens per request) in %.1f s",
+            len(self.graphs),
+            self.batch_sizes,
+            self.max_extend_len,
+            time.perf_counter() - t0,
+        )
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, mwb: ModelWorkerBatch) -> LogitsProcessorOutput:
+        """Run mwb (can_run must be true) through its graph; returns logits [T, V] float32 and
+        (capture LAST) hidden states [T, H'] of its T tokens, as fresh tensors."""
+        t = int(mwb.input_ids.numel())
+        key = self.pick(mwb.batch_size, t)
+        fb = self._fill(
+            key,
+            mwb.req_pool_indices,
+            mwb.seq_lens,
+            mwb.extend_seq_lens,
+            mwb.input_ids.to(torch.int64),
+            mwb.out_cache_loc.to(torch.int64),
+        )
+        if self.use_graphs:
+            self.backend.init_forward_metadata_replay_cuda_graph(fb, key.max_extend_len)
+            self.graphs[(key.bs, key.num_tokens)].replay()
+            out = self.outputs[(key.bs, key.num_tokens)]
+        else:  # eager over the same padded buffers (CPU tests, debugging)
+            self.backend.init_forward_metadata(fb)
+            out = self._run_model(fb)
+        hidden = out.hidden_states
+        return LogitsProcessorOutput(
+            next_token_logits=out.next_token_logits[:t].clone(),
+            hidden_states=hidden[:t].clone() if hidden is not None else None,
+        )
