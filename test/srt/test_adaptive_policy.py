@@ -354,3 +354,24 @@ def test_warmup_sweep_on_worker_leaves_pools_unchanged(tiny_model_dir, spec_args
         submit(sched, f"r{i}", p, GREEDY)
     run_until_idle(sched, outs)
     assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in outs.values())
+
+
+def test_idle_requests_drift_back_to_the_prior_and_are_retried():
+    """Exploration: after a bad stretch a request stops drafting; its estimate then decays
+    back to the (good) server-wide prior and the policy drafts for it again."""
+    tr = AcceptanceTracker(K, num_slots=2, request_decay=0.999, idle_decay=0.9)
+    for _ in range(50):
+        tr.observe([0, 1], [K, K], [0, K])  # slot 0 always rejects, slot 1 accepts all
+    bad = tr.alphas([0])[0, 0]
+    assert bad < 0.3
+    for _ in range(60):
+        tr.observe([0, 1], [0, K], [0, K])  # slot 0 idle
+    back = tr.alphas([0])[0]
+    assert back[0] > bad + 0.3
+    assert back == pytest.approx(tr.server_alpha(), abs=0.02)
+    no_explore = AcceptanceTracker(K, num_slots=2, request_decay=0.999, idle_decay=1.0)
+    for _ in range(50):
+        no_explore.observe([0, 1], [K, K], [0, K])
+    for _ in range(60):
+        no_explore.observe([0, 1], [0, K], [0, K])
+    assert no_explore.alphas([0])[0, 0] == pytest.approx(bad)

@@ -14,6 +14,11 @@ Counts decay geometrically so the estimates follow a changing workload:
   with the prior as Beta pseudo counts: alpha_rj = (acc_rj + s * alpha_j) / (att_rj + s),
   with s = `prior_strength`. A new request therefore starts at the server-wide average.
 
+Exploration: a request that stops drafting produces no new observations, so a bad stretch
+would keep it at d = 0 for good. Each step it does not draft, its own counts decay by
+`idle_decay`, pulling its estimate back towards the server-wide prior; once that prior pays
+again the policy retries it (after ~1 / (1 - idle_decay) idle steps).
+
 Per-request rows are indexed by the request's ReqToTokenPool slot (`req_pool_idx`), so a whole
 batch is gathered and updated with numpy fancy indexing; `reset_slot` clears a row when a
 request is admitted into it.
@@ -34,6 +39,7 @@ class AcceptanceTracker:
         server_prior_count: pseudo attempts behind `initial_accept` in the server-wide estimate.
         prior_strength: pseudo attempts of the server-wide prior in a request's estimate.
         server_decay, request_decay: count decay per observation, in (0, 1].
+        idle_decay: per-request count decay per step in which the request does not draft.
     """
 
     def __init__(
@@ -45,6 +51,7 @@ class AcceptanceTracker:
         prior_strength: float = 4.0,
         server_decay: float = 0.999,
         request_decay: float = 0.95,
+        idle_decay: float = 0.97,
     ) -> None:
         self.k = k
         self.initial_accept = initial_accept
@@ -52,6 +59,7 @@ class AcceptanceTracker:
         self.prior_strength = prior_strength
         self.server_decay = server_decay
         self.request_decay = request_decay
+        self.idle_decay = idle_decay
         self.server_att = np.zeros(k)  # [K] float64, decayed attempts per position
         self.server_acc = np.zeros(k)  # [K] float64, decayed accepts per position
         self.req_att = np.zeros((num_slots, k))  # [num_slots, K] float64
@@ -80,6 +88,10 @@ class AcceptanceTracker:
         d = np.asarray(draft_lens, dtype=np.int64)
         a = np.asarray(accepted, dtype=np.int64)
         mask = d > 0
+        idle = np.asarray(slots, dtype=np.int64)[~mask]
+        if idle.size and self.idle_decay < 1.0:  # forget towards the prior (exploration)
+            self.req_att[idle] *= self.idle_decay
+            self.req_acc[idle] *= self.idle_decay
         if not mask.any():
             return
         d, a = d[mask], a[mask]

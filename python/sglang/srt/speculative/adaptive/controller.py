@@ -44,6 +44,7 @@ class AdaptiveController:
             prior_strength=cfg.prior_strength,
             server_decay=cfg.server_accept_decay,
             request_decay=cfg.request_accept_decay,
+            idle_decay=cfg.idle_accept_decay,
         )
         self.time_model = StepTimeModel(
             cfg.time_model, cfg.time_decay, cfg.time_prior_weight, cfg.online_correction

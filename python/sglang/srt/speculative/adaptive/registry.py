@@ -9,6 +9,7 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
+     "idle_accept_decay": 0.97,                  # per non-drafting step: back to the prior
      "time_model": {"const": 0.004, ...},        # prior step-time coefficients (seconds/unit)
      "online_correction": true, "time_decay": 0.98, "time_prior_weight": 0.05,
      "profile": true,                            # warm-up sweep at startup (CUDA only)
@@ -43,6 +44,7 @@ class AdaptiveConfig:
     prior_strength: float = 4.0
     server_accept_decay: float = 0.999
     request_accept_decay: float = 0.95
+    idle_accept_decay: float = 0.97
     time_model: dict[str, float] | None = None
     online_correction: bool = True
     time_decay: float = 0.98
@@ -114,6 +116,7 @@ _CHECKS = {
     "prior_strength": lambda v: _number("prior_strength", v, 0.0, 1e9, lo_open=True),
     "server_accept_decay": lambda v: _number("server_accept_decay", v, 0.0, 1.0, lo_open=True),
     "request_accept_decay": lambda v: _number("request_accept_decay", v, 0.0, 1.0, lo_open=True),
+    "idle_accept_decay": lambda v: _number("idle_accept_decay", v, 0.0, 1.0, lo_open=True),
     "time_model": _time_model,
     "online_correction": lambda v: _bool("online_correction", v),
     "time_decay": lambda v: _number("time_decay", v, 0.0, 1.0, lo_open=True),
