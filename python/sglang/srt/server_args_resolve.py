@@ -48,17 +48,20 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
     if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static < 1:
         raise ValueError("--mem-fraction-static must be in (0, 1)")
     resolve_speculative_args(a, bundled=args.model_path is None)
-    if a.attention_backend is None:
-        a.attention_backend = default_attention_backend(a.device)
+    if a.disable_overlap_schedule is None:  # overlap by default where there is a GPU to overlap
+        a.disable_overlap_schedule = a.device != "cuda"
     if a.cuda_graph_bs is not None and (not a.cuda_graph_bs or min(a.cuda_graph_bs) < 1):
         raise ValueError(f"--cuda-graph-bs needs positive batch sizes, got {a.cuda_graph_bs}")
     return a
 
 
-def default_attention_backend(device: str) -> str:
-    """flashinfer on CUDA when importable, else triton; torch_native on CPU."""
+def default_attention_backend(device: str, dtype) -> str:
+    """--attention-backend when not given: flashinfer on CUDA when importable and the model
+    runs in 16 bits (flashinfer has no float32 kernels), else triton; torch_native on CPU."""
     if device != "cuda":
         return "torch_native"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return "triton"
     import importlib.util
 
     return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"

@@ -24,6 +24,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.model_loader import get_model
 from sglang.srt.server_args import ServerArgs, env_flag
+from sglang.srt.server_args_resolve import default_attention_backend
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,11 @@ class ModelRunner:
         self.init_torch_settings()
         self.load_model()
         self.init_memory_pool()
-        self.attn_backend = create_attention_backend(server_args.attention_backend, self)
+        # --attention-backend, or the device/dtype default (flashinfer > triton on CUDA)
+        self.attention_backend_name = server_args.attention_backend or default_attention_backend(
+            self.device.type, self.dtype
+        )
+        self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.cuda_graph_runner: CudaGraphRunner | None = None
 
     def init_torch_settings(self) -> None:
@@ -118,7 +123,7 @@ class ModelRunner:
         if not self.attn_backend.supports_cuda_graph:
             logger.warning(
                 "attention backend %s cannot run in CUDA graphs; running eagerly",
-                sa.attention_backend,
+                self.attention_backend_name,
             )
             return
         sizes = graph_batch_sizes(sa.cuda_graph_bs, sa.cuda_graph_max_bs, sa.max_running_requests)

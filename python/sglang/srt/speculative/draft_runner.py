@@ -38,7 +38,7 @@ class DraftRunner:
             cfg.num_hidden_layers,  # EAGLE-3: 1; EAGLE: one per draft decoder layer
             self.device,
         )
-        self.attn_backend = create_attention_backend(target.server_args.attention_backend, self)
+        self.attn_backend = create_attention_backend(target.attention_backend_name, self)
 
     @torch.no_grad()
     def forward(
