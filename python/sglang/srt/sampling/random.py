@@ -96,7 +96,37 @@ def sample_from_probs(
 
     Exponential race: argmax(p / E), E ~ Exp(1) i.i.d. (the Gumbel-max trick in another form:
     P(i wins) = p_i / sum(p)). Zero-probability ids never win unless the whole row is zero.
-    Returns [bs] int64.
+    Returns [bs] int64. On CUDA with the Triton kernels enabled this runs as one fused kernel
+    (layers/triton_kernels/sampling.py) computing the same noise without materialising it;
+    `_sample_from_probs_torch` is the reference path.
     """
+    if _fused_applies(probs, seeds, positions):
+        from sglang.srt.layers.triton_kernels.sampling import sample_from_probs_fused
+
+        return sample_from_probs_fused(probs, seeds, positions, stream)
+    return _sample_from_probs_torch(probs, seeds, positions, stream)
+
+
+def _fused_applies(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> bool:
+    """The fused kernel handles plain [bs, V] float rows with [bs] int64 seeds/positions."""
+    from sglang.srt.layers.triton_kernels import use_triton_kernels
+
+    if not use_triton_kernels(probs) or probs.dim() != 2 or not probs.is_floating_point():
+        return False
+    bs, num_cols = probs.shape
+    return (
+        num_cols > 0
+        and seeds.dtype == torch.int64
+        and positions.dtype == torch.int64
+        and seeds.shape == (bs,)
+        and positions.shape == (bs,)
+        and seeds.device == probs.device == positions.device
+    )
+
+
+def _sample_from_probs_torch(
+    probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, stream: int = 0
+) -> torch.Tensor:
+    """The PyTorch path of `sample_from_probs` (materialises the [bs, V] noise), any device."""
     exp = exponential_noise(seeds, positions, probs.shape[-1], stream)  # [bs, V] float32
     return torch.argmax(probs.float() / exp, dim=-1)
