@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 
@@ -25,9 +27,29 @@ def _triton(runner) -> AttentionBackend:
     return TritonAttnBackend(runner)
 
 
+def _flashinfer(runner) -> AttentionBackend:
+    device = getattr(runner, "device", None)
+    if device is None or torch.device(device).type != "cuda":
+        raise ValueError(
+            f"--attention-backend flashinfer needs a CUDA device (got {device}); "
+            "use --attention-backend triton or torch_native"
+        )
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as e:  # ImportError, or a CUDA library the wheel needs is missing
+        raise ValueError(
+            "--attention-backend flashinfer needs the flashinfer-python package, which failed "
+            f"to import ({type(e).__name__}: {e}); install it or use --attention-backend triton"
+        ) from e
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    return FlashInferAttnBackend(runner)
+
+
 ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {
     "torch_native": _torch_native,
     "triton": _triton,
+    "flashinfer": _flashinfer,
 }
 
 

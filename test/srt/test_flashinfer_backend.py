@@ -1,0 +1,286 @@
+"""flashinfer attention backend: equal to torch_native_backend.attention_reference in bf16 for
+decode, prefill over a cached prefix and ragged verify (head_dim 64 / 128, GQA groups 3 / 4),
+eagerly and through CUDA graphs captured with the backend's hooks and replayed with padding.
+The registry refuses it off CUDA; the page-layout helpers run everywhere (Triton interpreter
+on CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+pytest.importorskip("triton")
+
+from sglang.srt.layers.attention import create_attention_backend  # noqa: E402
+from sglang.srt.layers.attention.flashinfer_backend import (  # noqa: E402
+    fill_kv_indices,
+    paged_layout,
+)
+from sglang.srt.layers.attention.torch_native_backend import attention_reference  # noqa: E402
+from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
+    ForwardBatch,
+    ForwardMode,
+    build_positions_and_starts,
+)
+
+HAVE_FLASHINFER = torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None
+needs_flashinfer = pytest.mark.skipif(not HAVE_FLASHINFER, reason="needs CUDA and flashinfer")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+CONFIGS = [(9, 3, 64), (32, 8, 128)]  # (heads, kv heads, head_dim): SmolLM2 / Llama-8B shapes
+BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------------- CPU-runnable
+def test_registry_refuses_flashinfer_off_cuda():
+    class CpuRunner:
+        device = torch.device("cpu")
+        dtype = torch.bfloat16
+
+    with pytest.raises(ValueError, match="--attention-backend flashinfer needs a CUDA device"):
+        create_attention_backend("flashinfer", CpuRunner())
+    with pytest.raises(ValueError, match="--attention-backend flashinfer"):
+        create_attention_backend("flashinfer", object())  # a runner without a device
+
+
+def test_paged_layout_gives_unassigned_rows_to_the_last_request():
+    lay = paged_layout([10, 23, 39, 6], [1, 3, 6, 2], num_tokens=14)
+    assert lay.qo_indptr.tolist() == [0, 1, 4, 10, 14]
+    assert lay.kv_indptr.tolist() == [0, 10, 33, 72, 80]
+    assert lay.qo_indptr.dtype == lay.kv_indptr.dtype == torch.int32
+    assert lay.last_page_len.tolist() == [1, 1, 1, 1]
+    assert (lay.extra_rows, lay.num_pages, lay.is_decode) == (2, 80, False)
+    dec = paged_layout([5, 1, 300], [1, 1, 1], num_tokens=3)
+    assert dec.is_decode and dec.kv_indptr.tolist() == [0, 5, 6, 306]
+    assert not paged_layout([5, 1], [1, 1], num_tokens=3).is_decode  # one unassigned row
+    with pytest.raises(ValueError, match="bad step layout"):
+        paged_layout([5, 1], [1, 1], num_tokens=1)
+
+
+def test_fill_kv_indices_gathers_page_lists_and_pads_with_slot_zero():
+    torch.manual_seed(0)
+    r2t = torch.randint(1, 10_000, (6, 1100), dtype=torch.int32, device=DEV)
+    rows = [4, 0, 2]
+    seq = [700, 1, 1030]  # more than one BLOCK of 512 for two requests
+    for extra in (0, 3):
+        out = torch.full((sum(seq) + extra,), -1, dtype=torch.int32, device=DEV)
+        fill_kv_indices(
+            r2t, torch.tensor(rows, device=DEV), torch.tensor(seq, device=DEV), extra, out
+        )
+        want = torch.cat([r2t[r, :n] for r, n in zip(rows, seq, strict=True)]).cpu().tolist()
+        assert out.cpu().tolist() == want + [0] * extra
+
+
+# ---------------------------------------------------------------------- GPU helpers
+class World:
+    """A KV pool (one layer) and request table with shuffled slots, as the scheduler leaves
+    them; steps write fresh slots into the given request rows."""
+
+    def __init__(self, h: int, hkv: int, d: int, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.h, self.hkv, self.d = h, hkv, d
+        self.pool = MHATokenToKVPool(4096, torch.bfloat16, hkv, d, 1, "cuda")
+        self.r2t = ReqToTokenPool(8, 512, "cuda")
+        self.free = (torch.randperm(4096) + 1).tolist()  # slot 0 stays the padding slot
+        self.runner = SimpleNamespace(
+            device=torch.device("cuda"),
+            dtype=torch.bfloat16,
+            model_config=SimpleNamespace(num_attention_heads=h),
+            req_to_token_pool=self.r2t,
+        )
+        self.layer = RadixAttention(h, d, d**-0.5, hkv, 0)
+
+    def step(self, rows: list[int], prefix: list[int], ext: list[int]):
+        """Returns (fb, (q, k, v), expected [T, h * d] float32 from attention_reference)."""
+        h, hkv, d, pool = self.h, self.hkv, self.d, self.pool
+        seq = [p + e for p, e in zip(prefix, ext, strict=True)]
+        out_loc = []
+        for row, p, n in zip(rows, prefix, seq, strict=True):
+            slots = torch.tensor([self.free.pop() for _ in range(n)], device="cuda")
+            self.r2t.write(row, 0, slots)
+            pool.k_buffer[0][slots[:p]] = torch.randn(p, hkv, d, device="cuda").bfloat16()
+            pool.v_buffer[0][slots[:p]] = torch.randn(p, hkv, d, device="cuda").bfloat16()
+            out_loc.append(slots[p:])
+        t = sum(ext)
+        pos, starts = build_positions_and_starts(prefix, ext, "cuda")
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE if max(ext) == 1 else ForwardMode.TARGET_VERIFY,
+            batch_size=len(rows),
+            input_ids=torch.zeros(t, dtype=torch.int64, device="cuda"),
+            positions=pos,
+            out_cache_loc=torch.cat(out_loc),
+            req_pool_indices=torch.tensor(rows, device="cuda"),
+            seq_lens=torch.tensor(seq, device="cuda"),
+            extend_seq_lens=torch.tensor(ext, device="cuda"),
+            extend_prefix_lens=torch.tensor(prefix, device="cuda"),
+            extend_start_loc=starts,
+            seq_lens_cpu=seq,
+            extend_seq_lens_cpu=list(ext),
+            extend_prefix_lens_cpu=list(prefix),
+            logits_indices=starts,
+            req_to_token_pool=self.r2t,
+            token_to_kv_pool=pool,
+        )
+        q = torch.randn(t, h * d, device="cuda").bfloat16()
+        k = torch.randn(t, hkv * d, device="cuda").bfloat16()
+        v = torch.randn(t, hkv * d, device="cuda").bfloat16()
+        kk, vv = pool.k_buffer[0].float(), pool.v_buffer[0].float()
+        kk[fb.out_cache_loc] = k.view(t, hkv, d).float()
+        vv[fb.out_cache_loc] = v.view(t, hkv, d).float()
+        expected, s = [], 0
+        for i, row in enumerate(rows):
+            slots = self.r2t.req_to_token[row, : seq[i]].long()
+            qi = q[s : s + ext[i]].view(-1, h, d).float()
+            expected.append(attention_reference(qi, kk[slots], vv[slots], d**-0.5, prefix[i]))
+            s += ext[i]
+        return fb, (q, k, v), torch.cat(expected).reshape(t, h * d)
+
+    def eager(self, backend, fb, qkv) -> torch.Tensor:
+        fb.attn_backend = backend
+        backend.init_forward_metadata(fb)
+        return self.layer(*qkv, fb)
+
+
+CASES = {
+    "decode": ([3, 1, 6], [5, 17, 300], [1, 1, 1]),
+    "prefill": ([3, 1, 6], [0, 7, 40], [13, 5, 70]),  # one without a cached prefix
+    "verify": ([3, 1, 6, 2], [9, 20, 33, 4], [1, 3, 6, 2]),
+}
+
+
+@pytest.mark.gpu
+@needs_flashinfer
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_eager_matches_reference(cfg, case):
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    world = World(*cfg)
+    backend = create_attention_backend("flashinfer", world.runner)
+    assert isinstance(backend, FlashInferAttnBackend)
+    fb, qkv, expected = world.step(*CASES[case])
+    out = world.eager(backend, fb, qkv)
+    assert fb.attn_metadata.is_decode == (case == "decode")
+    if case == "decode":  # GQA group 4 decodes on tensor cores, group 3 on CUDA cores
+        assert fb.attn_metadata.wrapper.use_tensor_cores == (cfg[0] // cfg[1] >= 4)
+    assert out.shape == expected.shape and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, **BF16_TOL)
+    # The step's K/V went to its slots.
+    t = fb.num_tokens
+    k_pool = world.pool.k_buffer[0][fb.out_cache_loc]
+    assert torch.equal(k_pool, qkv[1].view(t, cfg[1], cfg[2]))
+
+
+@pytest.mark.gpu
+@needs_flashinfer
+def test_float32_model_and_unsupported_head_dim_are_refused():
+    world = World(9, 3, 64)
+    world.runner.dtype = torch.float32
+    with pytest.raises(ValueError, match="--dtype bfloat16 or float16"):
+        create_attention_backend("flashinfer", world.runner)
+    world.runner.dtype = torch.bfloat16
+    world.runner.token_to_kv_pool = MHATokenToKVPool(64, torch.bfloat16, 2, 16, 1, "cuda")
+    with pytest.raises(ValueError, match="head_dim"):
+        create_attention_backend("flashinfer", world.runner)
+
+
+# Replays of one captured graph: (rows, prefixes, extend lens) of the real requests; the rest of
+# the bs-4 graph is padding (pad requests, then unassigned token rows).
+GRAPH_STEPS = {
+    "decode": [
+        ([3, 1, 6], [5, 40, 300], [1, 1, 1]),  # 3 real + 1 pad request
+        ([2, 6, 5, 7], [17, 2, 130, 64], [1, 1, 1, 1]),  # full, new lengths
+    ],
+    "verify": [
+        ([3, 1, 6], [9, 20, 33], [1, 3, 2]),  # 6 tokens + 1 pad request + 1 unassigned row
+        ([2, 6, 5, 7], [4, 60, 7, 100], [1, 3, 2, 1]),  # 7 tokens + 1 unassigned row
+    ],
+}
+
+
+@pytest.mark.gpu
+@needs_flashinfer
+@pytest.mark.parametrize("kind", sorted(GRAPH_STEPS))
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_cuda_graph_replay_with_padding_equals_eager(cfg, kind):
+    world = World(*cfg, seed=1)
+    h, hkv, d = cfg
+    backend = create_attention_backend("flashinfer", world.runner)
+    bs, n = 4, 4 if kind == "decode" else 8
+    e = n // bs
+    backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=8)
+    i64 = dict(dtype=torch.int64, device="cuda")
+    static = {name: torch.zeros(bs, **i64) for name in ("rows", "seq", "ext", "pre", "start")}
+    loc = torch.zeros(n, **i64)
+    q_s = torch.zeros(n, h * d, dtype=torch.bfloat16, device="cuda")
+    k_s = torch.zeros(n, hkv * d, dtype=torch.bfloat16, device="cuda")
+    v_s = torch.zeros_like(k_s)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.DECODE if e == 1 else ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        input_ids=torch.zeros(n, **i64),
+        positions=torch.zeros(n, **i64),
+        out_cache_loc=loc,
+        req_pool_indices=static["rows"],
+        seq_lens=static["seq"],
+        extend_seq_lens=static["ext"],
+        extend_prefix_lens=static["pre"],
+        extend_start_loc=static["start"],
+        seq_lens_cpu=[e] * bs,  # capture: every request computes e tokens from position 0
+        extend_seq_lens_cpu=[e] * bs,
+        extend_prefix_lens_cpu=[0] * bs,
+        logits_indices=torch.arange(n, **i64),
+        req_to_token_pool=world.r2t,
+        token_to_kv_pool=world.pool,
+        attn_backend=backend,
+    )
+    static["seq"].fill_(e)
+    static["ext"].fill_(e)
+    backend.init_forward_metadata_capture_cuda_graph(fb, e)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            world.layer(q_s, k_s, v_s, fb)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_s = world.layer(q_s, k_s, v_s, fb)
+
+    eager_backend = create_attention_backend("flashinfer", world.runner)
+    for rows, prefix, ext in GRAPH_STEPS[kind]:
+        real, qkv, expected = world.step(rows, prefix, ext)
+        t, pad = sum(ext), bs - len(rows)
+        seq = [p + x for p, x in zip(prefix, ext, strict=True)] + [1] * pad
+        ext_p = list(ext) + [1] * pad
+        starts = [sum(ext_p[:i]) for i in range(bs)]
+        for name, vals in (
+            ("rows", list(rows) + [0] * pad),
+            ("seq", seq),
+            ("ext", ext_p),
+            ("pre", [s - x for s, x in zip(seq, ext_p, strict=True)]),
+            ("start", starts),
+        ):
+            static[name].copy_(torch.tensor(vals))
+        loc.zero_()
+        loc[:t] = real.out_cache_loc  # pad requests and unassigned rows write slot 0
+        for dst, src in zip((q_s, k_s, v_s), qkv, strict=True):
+            dst.zero_()
+            dst[:t] = src
+        fb.seq_lens_cpu, fb.extend_seq_lens_cpu = seq, ext_p
+        fb.extend_prefix_lens_cpu = [s - x for s, x in zip(seq, ext_p, strict=True)]
+        backend.init_forward_metadata_replay_cuda_graph(fb, e)
+        graph.replay()
+        got = out_s[:t].float()
+        torch.testing.assert_close(got, expected, **BF16_TOL)
+        eager = world.eager(eager_backend, real, qkv)
+        torch.testing.assert_close(got, eager.float(), atol=1e-2, rtol=1e-2)
