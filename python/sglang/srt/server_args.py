@@ -96,7 +96,12 @@ class ServerArgs:
         "bs; with speculation each bucket also has token buckets bs * (1 + k), k = 0..K.",
         nargs="+",
     )
-    disable_overlap_schedule: bool = _arg(False, "Do not overlap CPU scheduling with GPU steps.")
+    disable_overlap_schedule: bool | None = _arg(
+        None,
+        "Do not overlap CPU scheduling with GPU steps (the scheduler builds step N+1 while step "
+        "N runs). Default: overlap on CUDA, off on CPU; ServerArgs(disable_overlap_schedule="
+        "False) turns it on on CPU too.",
+    )
     tp_size: int = _arg(1, "Tensor parallel size (only 1 is supported in this release).")
     random_seed: int | None = _arg(None, "Seed for weights of --load-format dummy and sampling.")
     # ---- speculative decoding ----
@@ -130,8 +135,9 @@ class ServerArgs:
             flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
             help_text = meta.pop("help", "")
-            if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=help_text)
+            if f.type in ("bool", bool, "bool | None"):
+                # default None (not given) lets server_args_resolve pick a device default
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
                 continue
             typ = {
                 "int | None": int,

@@ -1,5 +1,11 @@
 """Builds each step's plan: which requests run, how many tokens each computes, and where their
-KV goes (the scheduler's decision half; the worker only executes the ModelWorkerBatch)."""
+KV goes (the scheduler's decision half; the worker only executes the ModelWorkerBatch).
+
+With overlap scheduling the plan may be built while the previous step still runs: a request in
+that step then starts at kv_len + inflight_kv, counts len(output_ids) + inflight_tokens outputs,
+and its not-yet-known last token is a future placeholder. Plans that would need that token on
+the CPU (penalties), drafts, or retraction first drain the in-flight step (scheduler.drain).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +22,37 @@ from sglang.srt.managers.schedule_policy import (
     SchedulePolicy,
     remaining_new_tokens,
 )
+from sglang.srt.managers.tp_worker_overlap_thread import future_placeholder
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo, SamplingRow
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
+
+
+def next_kv_start(req: Req) -> int:
+    """First position the request's next step computes (after its in-flight steps)."""
+    return req.kv_len + req.inflight_kv
+
+
+def done_after_inflight(req: Req, context_len: int) -> bool:
+    """The in-flight token reaches max_new_tokens or the context length: the request finishes
+    when that step commits, so it must not be scheduled again."""
+    if req.inflight_tokens == 0:
+        return False
+    n = len(req.output_ids) + req.inflight_tokens
+    return (
+        n >= req.sampling_params.max_new_tokens or req.seqlen + req.inflight_tokens >= context_len
+    )
+
+
+def needs_inflight_token(req: Req) -> bool:
+    """Sampling the next token reads the in-flight token's value on the CPU (penalties build
+    their count/seen tensors from output_ids)."""
+    sp = req.sampling_params
+    return req.inflight_tokens > 0 and (
+        sp.repetition_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0
+    )
 
 
 class BatchBuilder:
@@ -44,24 +76,33 @@ class BatchBuilder:
             return batch
         return self.get_decode_batch()
 
+    def inflight_new_reqs(self) -> list[Req]:
+        """Requests of an in-flight prefill step (they join the running set at its commit)."""
+        step = self.s.inflight
+        if step is None or not step.batch.forward_mode.is_extend():
+            return []
+        return [r for r, f in zip(step.batch.reqs, step.batch.is_final_chunk, strict=True) if f]
+
     def running_reserve(self) -> int:
         ratio = self.s.new_token_ratio
-        return sum(
-            int(min(remaining_new_tokens(r), NEW_TOKEN_CLIP) * ratio) for r in self.s.running
-        )
+        reqs = [*self.s.running, *self.inflight_new_reqs()]
+        return sum(int(min(remaining_new_tokens(r), NEW_TOKEN_CLIP) * ratio) for r in reqs)
 
     def get_new_prefill_batch(self) -> ScheduleBatch | None:
         s = self.s
         if not s.waiting_queue and s.chunked_req is None:
             return None
-        if len(s.running) >= self.max_running and s.chunked_req is None:
+        if s.inflight is not None and not all(s.inflight.batch.is_final_chunk):
+            return None  # a chunk is in flight: one chunked request at a time, continue it next
+        num_running = len(s.running) + len(self.inflight_new_reqs())
+        if num_running >= self.max_running and s.chunked_req is None:
             return None
         adder = PrefillAdder(
             token_budget=self.token_budget,
             available_kv=s.kv.available_with_eviction(),
             running_reserve=self.running_reserve(),
             free_req_slots=min(
-                self.max_running - len(s.running), s.req_to_token_pool.available_size()
+                self.max_running - num_running, s.req_to_token_pool.available_size()
             ),
             new_token_ratio=s.new_token_ratio,
             chunking=self.chunking,
@@ -122,26 +163,44 @@ class BatchBuilder:
             req.extend_input_len = n
             offset += n
         final = [r.kv_len + n == r.seqlen for r, n in zip(reqs, extend_lens, strict=True)]
-        return ScheduleBatch(reqs=reqs, forward_mode=ForwardMode.EXTEND, is_final_chunk=final)
+        return ScheduleBatch(
+            reqs=reqs,
+            forward_mode=ForwardMode.EXTEND,
+            is_final_chunk=final,
+            extend_lens=list(extend_lens),
+        )
 
     def get_decode_batch(self) -> ScheduleBatch | None:
         """One decode step for every running request: 1 + d_i tokens each (d_i = 0 without
-        speculation). Under memory pressure drafts are dropped first, then requests retracted."""
+        speculation). Under memory pressure drafts are dropped first, then requests retracted.
+
+        While a step is in flight, requests whose in-flight token ends them are left out, and a
+        plan that drafts, applies penalties to an in-flight request or must retract drains the
+        in-flight step first (then the whole choice starts over)."""
         s = self.s
-        if not s.running:
+        reqs = [r for r in s.running if not done_after_inflight(r, s.model_config.context_len)]
+        if not reqs:
             return None
-        lens = s.spec.choose_draft_lens(s.running) if s.spec else [0] * len(s.running)
-        if s.kv.available_with_eviction() < len(s.running) + sum(lens):
-            lens = [0] * len(s.running)
-        if s.kv.available_with_eviction() < len(s.running):
+        lens = s.spec.choose_draft_lens(reqs) if s.spec else [0] * len(reqs)
+        if s.inflight is not None and (
+            any(lens)
+            or any(needs_inflight_token(r) for r in reqs)
+            or s.kv.available_with_eviction() < len(reqs)
+        ):
+            s.drain()
+            return self.get_next_batch_to_run()
+        if s.kv.available_with_eviction() < len(reqs) + sum(lens):
+            lens = [0] * len(reqs)
+        if s.kv.available_with_eviction() < len(reqs):  # (nothing is in flight here)
             retracted = s.kv.retract_for(s.running, len)
             for req in retracted:
                 s.running.remove(req)
             s.waiting_queue[:0] = retracted
             s.stats["num_retractions"] += len(retracted)
             s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1 * len(retracted))
-            lens = [0] * len(s.running)
-            if s.kv.available_with_eviction() < len(s.running):
+            reqs = list(s.running)
+            lens = [0] * len(reqs)
+            if s.kv.available_with_eviction() < len(reqs):
                 # A single request larger than the whole pool: finish it where it is.
                 req = s.running.pop()
                 req.finished_reason = FinishReason("length", message="KV cache is full")
@@ -149,16 +208,20 @@ class BatchBuilder:
                 return self.get_decode_batch()
         else:
             s.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, s.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        slots = s.kv.alloc_tokens(len(s.running) + sum(lens))
+        slots = s.kv.alloc_tokens(len(reqs) + sum(lens))
         offset = 0
-        for req, d in zip(s.running, lens, strict=True):
-            s.kv.assign_slots(req, req.kv_len, slots[offset : offset + 1 + d])
+        for req, d in zip(reqs, lens, strict=True):
+            s.kv.assign_slots(req, next_kv_start(req), slots[offset : offset + 1 + d])
             req.extend_input_len = 1 + d
             req.draft_len = d
             offset += 1 + d
-        reqs = list(s.running)
         mode = ForwardMode.TARGET_VERIFY if any(lens) else ForwardMode.DECODE
-        return ScheduleBatch(reqs=reqs, forward_mode=mode, is_final_chunk=[True] * len(reqs))
+        return ScheduleBatch(
+            reqs=reqs,
+            forward_mode=mode,
+            is_final_chunk=[True] * len(reqs),
+            extend_lens=[1 + d for d in lens],
+        )
 
     # ---------------------------------------------------------------- plan
     def build_model_worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:
@@ -168,8 +231,11 @@ class BatchBuilder:
         num_rows: list[int] = []
         targets: list[list[int]] = []
         for req, final in zip(batch.reqs, batch.is_final_chunk, strict=True):
-            start, n = req.kv_len, req.extend_input_len
-            ids = req.fill_ids[start : start + n]
+            start, n = next_kv_start(req), req.extend_input_len
+            fill = req.fill_ids
+            ids = fill[start : start + n]
+            if req.inflight_tokens and len(ids) < n and start + len(ids) == len(fill):
+                ids.append(future_placeholder(req.req_pool_idx))  # the in-flight token
             input_ids.extend(ids + [0] * (n - len(ids)))  # draft tokens are filled by the worker
             slots.append(s.kv.req_slots(req, start, start + n))
             if batch.forward_mode == ForwardMode.EXTEND:
@@ -180,20 +246,14 @@ class BatchBuilder:
                 num_rows.append(n)
             targets.append(tgt)
         sampled = [r for r, f in zip(batch.reqs, batch.is_final_chunk, strict=True) if f]
-        info = (
-            SamplingBatchInfo.from_reqs(
-                sampled, s.model_config.vocab_size, s.tp_worker.device, s.model_config.eos_token_ids
-            )
-            if sampled
-            else None
-        )
+        info = self.sampling_info(sampled) if sampled else None
         mwb = ModelWorkerBatch(
             forward_mode=batch.forward_mode,
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
             out_cache_loc=torch.cat(slots),
             req_pool_indices=[r.req_pool_idx for r in batch.reqs],
-            seq_lens=[r.kv_len + r.extend_input_len for r in batch.reqs],
-            extend_prefix_lens=[r.kv_len for r in batch.reqs],
+            seq_lens=[next_kv_start(r) + r.extend_input_len for r in batch.reqs],
+            extend_prefix_lens=[next_kv_start(r) for r in batch.reqs],
             extend_seq_lens=[r.extend_input_len for r in batch.reqs],
             num_logit_rows=num_rows,
             sample=list(batch.is_final_chunk),
@@ -205,6 +265,20 @@ class BatchBuilder:
         if s.spec is not None:
             mwb.spec = s.spec.build_plan(batch)
         return mwb
+
+    def sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
+        """Sampling rows; an in-flight token counts as generated (random position and
+        min_new_tokens). Its value is never read: requests whose sampling would read it
+        (needs_inflight_token) are planned only after a drain."""
+        mc = self.s.model_config
+        rows = []
+        for r in reqs:
+            assert not needs_inflight_token(r), "penalties need the in-flight token: drain first"
+            out = r.output_ids + [0] * r.inflight_tokens
+            rows.append(SamplingRow(r.sampling_params, r.origin_input_ids, out, r.seed))
+        return SamplingBatchInfo.from_rows(
+            rows, mc.vocab_size, self.s.tp_worker.device, mc.eos_token_ids
+        )
 
     @staticmethod
     def input_logprob_targets(req: Req, start: int, n: int, final: bool) -> list[int]:

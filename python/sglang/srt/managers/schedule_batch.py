@@ -74,6 +74,13 @@ class Req:
         self.extend_input_len = 0  # tokens computed this step
         self.draft_len = 0  # speculative draft tokens verified this step (d_i)
 
+        # Overlap scheduling: launched steps of this request not committed yet, the KV positions
+        # they add and the tokens they sample (the next step starts at kv_len + inflight_kv and
+        # counts len(output_ids) + inflight_tokens outputs; see tp_worker_overlap_thread.py)
+        self.inflight_steps = 0
+        self.inflight_kv = 0
+        self.inflight_tokens = 0
+
         # Speculative decoding (None when off): draft state and per-request statistics
         self.draft: Any = None  # EagleDraftInput
         self.spec_verify_ct = 0  # decode (verify) forward passes
@@ -189,6 +196,9 @@ class ScheduleBatch:
     forward_mode: ForwardMode
     # [bs] whether the request's final prompt chunk is computed this step (it samples)
     is_final_chunk: list[bool] = field(default_factory=list)
+    # [bs] tokens each request computes this step (snapshot of extend_input_len at launch: with
+    # overlap scheduling the next step's plan overwrites Req.extend_input_len before commit)
+    extend_lens: list[int] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return len(self.reqs) == 0

@@ -3,11 +3,31 @@ decides what runs (a plan), has the worker execute it, and commits the result.
 
 Loop (upstream's event_loop_normal): receive requests -> pick the next batch (prefill has
 priority; otherwise one decode token per running request) -> run -> commit -> send outputs.
+
+Overlap loop (event_loop_overlap, default on CUDA; `--disable-overlap-schedule` turns it off):
+receive -> build step N+1 -> launch it on the worker thread -> resolve and commit step N -> send
+outputs. Step N+1 is built before step N's tokens are known; it pipelines only when step N's KV
+advance is known in advance:
+
+- step N is a prefill (chunks included), a plain decode, or a speculative step where every
+  d_i = 0 (each request gains exactly one token and one KV position);
+- step N+1 does not draft, does not apply penalties (repetition/frequency/presence read the
+  unknown token's value on the CPU) to a request of step N, and needs no retraction;
+- no prompt chunk is in flight when N+1 is a prefill (one chunked request at a time).
+
+Otherwise the scheduler first resolves and commits step N (`drain`), then builds. Step N+1
+refers to a request's unknown last token by a future placeholder that the worker thread
+resolves on the device (tp_worker_overlap_thread.py). Commits stay in step order and all request
+state (output ids, kv_len, draft state, KV slots) stays here: a request that finishes in step N
+while in step N+1 loses N+1's token and slots when N+1 commits; a request whose in-flight token
+reaches max_new_tokens is not scheduled again; sampling counts the in-flight token, so random
+positions (and outputs) equal the non-overlap run's.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,13 +49,23 @@ from sglang.srt.managers.schedule_policy import INIT_NEW_TOKEN_RATIO
 from sglang.srt.managers.scheduler_output_processor import OutputProcessor
 from sglang.srt.managers.spec_scheduler import SpecScheduler
 from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
 from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InflightStep:
+    """A step launched on the worker thread and not committed yet (overlap scheduling)."""
+
+    batch: ScheduleBatch
+    handle: int
 
 
 class Scheduler:
@@ -59,6 +89,12 @@ class Scheduler:
 
             self.tp_worker = EAGLEWorkerV2(self.model_config, self.server_args)
         self.tokenizer = get_tokenizer(self.server_args.tokenizer_path)
+        disable = self.server_args.disable_overlap_schedule
+        if disable is None:  # unresolved ServerArgs: the resolver's default
+            disable = self.server_args.device != "cuda"
+        self.enable_overlap = not disable
+        self.worker_client: TpModelWorkerClient | None = None
+        self.inflight: InflightStep | None = None
 
     def init_memory_and_cache(self) -> None:
         self.req_to_token_pool, self.allocator = self.tp_worker.pools
@@ -66,6 +102,8 @@ class Scheduler:
         cache_cls = ChunkCache if self.server_args.disable_radix_cache else RadixCache
         self.tree_cache = cache_cls(self.req_to_token_pool, self.allocator)
         self.kv = KVPlanner(self.req_to_token_pool, self.allocator, self.tree_cache)
+        if self.enable_overlap:  # future token ids are indexed by request slot
+            self.worker_client = TpModelWorkerClient(self.tp_worker, self.req_to_token_pool.size)
 
     def init_state(self) -> None:
         self.waiting_queue: list[Req] = []
@@ -80,6 +118,9 @@ class Scheduler:
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "forward_steps": 0,
+            "overlap_pipelined_steps": 0,  # launched while the previous step was in flight
+            "overlap_drains": 0,  # in-flight step committed early because the next could not
+            "overlap_discarded_tokens": 0,  # tokens of requests that finished a step earlier
         }
 
     def init_ipc(self, port_args) -> None:
@@ -94,12 +135,25 @@ class Scheduler:
 
     # ---------------------------------------------------------------- loop
     def event_loop(self) -> None:
+        """Serve forever: receive, step, send (overlapped when enable_overlap)."""
+        if self.enable_overlap:
+            return self.event_loop_overlap()
         poller = zmq.Poller()
         poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         while True:
             if poller.poll(timeout=1000 if self.is_idle() else 0):
                 self.recv_requests()
             self.step()
+
+    def event_loop_overlap(self) -> None:
+        """Serve forever with overlap: each iteration builds and launches step N+1, then
+        commits step N (see the module docstring)."""
+        poller = zmq.Poller()
+        poller.register(self.recv_from_tokenizer, zmq.POLLIN)
+        while True:
+            if poller.poll(timeout=1000 if self.is_idle() else 0):
+                self.recv_requests()
+            self.step_overlap()
 
     def recv_requests(self) -> None:
         while True:
@@ -131,16 +185,56 @@ class Scheduler:
         return None
 
     def step(self) -> ScheduleBatch | None:
-        """Run one forward step (if anything can run) and commit its results."""
+        """Run one forward step (if anything can run) and commit its results. With overlap:
+        launch the next step and commit the previous one (step_overlap). Returns the batch
+        launched by this call, or None."""
+        if self.enable_overlap:
+            return self.step_overlap()
         self.outputs.drop_aborted()
         batch = self.builder.get_next_batch_to_run()
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
+            self.outputs.on_launch(batch)
             result = self.tp_worker.forward_batch_generation(mwb)
             self.stats["forward_steps"] += 1
             self.outputs.process_batch_result(batch, result)
         self.outputs.flush()
         return batch
+
+    def step_overlap(self) -> ScheduleBatch | None:
+        """Build and launch step N+1 (draining step N first when they cannot pipeline), then
+        resolve and commit step N. Returns the batch launched by this call, or None."""
+        self.outputs.drop_aborted()
+        if (
+            self.inflight is not None
+            and self.inflight.batch.forward_mode == ForwardMode.TARGET_VERIFY
+        ):
+            self.drain()  # a drafting step's KV advance is known only once it is verified
+        batch = self.builder.get_next_batch_to_run()  # may drain (BatchBuilder.get_decode_batch)
+        prev, self.inflight = self.inflight, None
+        if batch is not None:
+            mwb = self.builder.build_model_worker_batch(batch)
+            self.outputs.on_launch(batch)
+            self.inflight = InflightStep(
+                batch, self.worker_client.forward_batch_generation_async(mwb)
+            )
+            self.stats["forward_steps"] += 1
+            self.stats["overlap_pipelined_steps"] += prev is not None
+        if prev is not None:
+            self.commit(prev)
+        self.outputs.flush()
+        return batch
+
+    def drain(self) -> None:
+        """Resolve and commit the in-flight step, if any (overlap scheduling)."""
+        step, self.inflight = self.inflight, None
+        if step is not None:
+            self.stats["overlap_drains"] += 1
+            self.commit(step)
+
+    def commit(self, step: InflightStep) -> None:
+        result = self.worker_client.resolve(step.handle)
+        self.outputs.process_batch_result(step.batch, result)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
@@ -176,12 +270,13 @@ class Scheduler:
                 req.finished_reason = FinishReason("abort", message="aborted by request")
                 self.outputs.emit(req)
                 return
-        for req in [*self.running, self.chunked_req]:
-            if req is not None and req.rid == rid:
-                req.to_abort = True
+        inflight = self.inflight.batch.reqs if self.inflight is not None else []
+        for req in [*self.running, self.chunked_req, *inflight]:
+            if req is not None and req.rid == rid and not req.finished():
+                req.to_abort = True  # dropped by the next step (once it is running again)
 
     def flush_cache(self) -> bool:
-        if self.running or self.waiting_queue or self.chunked_req:
+        if self.running or self.waiting_queue or self.chunked_req or self.inflight:
             return False
         self.tree_cache.reset()
         self.req_to_token_pool.clear()
@@ -207,7 +302,7 @@ class Scheduler:
         }
 
     def is_idle(self) -> bool:
-        return not (self.waiting_queue or self.running or self.chunked_req)
+        return not (self.waiting_queue or self.running or self.chunked_req or self.inflight)
 
 
 def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, port_args, pipe):

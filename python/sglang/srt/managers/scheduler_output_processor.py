@@ -1,8 +1,14 @@
 """Commit half of a step: append the worker's tokens to each request, check stop conditions on
-every new token, release finished requests' KV, and stream outputs to the tokenizer manager."""
+every new token, release finished requests' KV, and stream outputs to the tokenizer manager.
+
+Overlap scheduling: a request may finish (stop token, stop string, abort) while a later step
+that includes it is already running. Its KV is then released only when that step commits; the
+step's token for it is discarded and the step's KV slots freed (`settle_inflight`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.managers.detokenizer_manager import IncrementalDetokenizer
@@ -33,16 +39,56 @@ class OutputProcessor:
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
         )
 
+    # ---------------------------------------------------------------- launch / settle
+    @staticmethod
+    def on_launch(batch: ScheduleBatch) -> None:
+        """A step was handed to the worker: count it as in flight for its requests."""
+        if not batch.extend_lens:
+            batch.extend_lens = [r.extend_input_len for r in batch.reqs]
+        for req, n, final in zip(batch.reqs, batch.extend_lens, batch.is_final_chunk, strict=True):
+            req.inflight_steps += 1
+            req.inflight_kv += n
+            req.inflight_tokens += int(final)
+
+    def settle_inflight(self, batch: ScheduleBatch) -> list[bool]:
+        """The step is being committed: returns [bs] whether each request is still live.
+
+        A request that finished while this (its oldest in-flight) step ran gets nothing from
+        it: the step's KV slots are freed, and once no step of it is in flight any more its
+        KV is released (prefix cache insertion included)."""
+        live = []
+        for req, n, final in zip(batch.reqs, batch.extend_lens, batch.is_final_chunk, strict=True):
+            req.inflight_steps -= 1
+            req.inflight_kv -= n
+            req.inflight_tokens -= int(final)
+            if not req.finished():
+                live.append(True)
+                continue
+            live.append(False)
+            self.s.stats["overlap_discarded_tokens"] += int(final)
+            if req.req_pool_idx is not None:
+                self.s.kv.free_token_range(req, req.kv_len, req.kv_len + n)
+                if req.inflight_steps == 0:
+                    self.s.kv.release(req)
+        return live
+
     # ---------------------------------------------------------------- commit
     def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         s = self.s
+        live = self.settle_inflight(batch)
         if result.spec is not None:
-            s.spec.commit_decode(batch, result)
+            if not all(live):
+                keep = [i for i, x in enumerate(live) if x]
+                batch, result = subset_step(batch, result, keep)
+            if batch.reqs:
+                s.spec.commit_decode(batch, result)
             s.running = [r for r in s.running if not r.finished()]
             return
         for i, req in enumerate(batch.reqs):
+            if not live[i]:
+                continue
             start = req.kv_len
-            req.kv_len += req.extend_input_len
+            req.kv_len += batch.extend_lens[i]
             req.extend_input_len = 0
             if s.spec is not None:
                 s.spec.commit_extend(req, start, batch.is_final_chunk[i], result, i)
@@ -135,10 +181,11 @@ class OutputProcessor:
 
     # ---------------------------------------------------------------- finish / abort
     def finish(self, req: Req) -> None:
-        """Release a finished request's KV and queue its final output."""
+        """Release a finished request's KV (deferred to settle_inflight while a step that
+        includes it is in flight) and queue its final output."""
         if req.text_limit is None:
             req.detok.flush()  # emit bytes held back for an incomplete character
-        if req.req_pool_idx is not None:
+        if req.req_pool_idx is not None and req.inflight_steps == 0:
             self.s.kv.release(req)
         self.mark(req)
 
@@ -203,3 +250,31 @@ class OutputProcessor:
                 out.input_top_logprobs,
             ):
                 lst.append(None)
+
+
+def subset_step(
+    batch: ScheduleBatch, result: GenerationBatchResult, keep: list[int]
+) -> tuple[ScheduleBatch, GenerationBatchResult]:
+    """The rows `keep` of a committed step (speculative results: per-request lists)."""
+
+    def pick(xs: list | None) -> list | None:
+        return None if xs is None else [xs[i] for i in keep]
+
+    sub = ScheduleBatch(
+        reqs=pick(batch.reqs),
+        forward_mode=batch.forward_mode,
+        is_final_chunk=pick(batch.is_final_chunk),
+        extend_lens=pick(batch.extend_lens),
+    )
+    spec = result.spec
+    spec = dataclasses.replace(
+        spec, **{f.name: pick(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+    )
+    res = dataclasses.replace(
+        result,
+        next_token_ids=pick(result.next_token_ids),
+        next_token_logprobs=pick(result.next_token_logprobs),
+        next_top_logprobs=pick(result.next_top_logprobs),
+        spec=spec,
+    )
+    return sub, res

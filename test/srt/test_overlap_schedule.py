@@ -1,0 +1,297 @@
+"""Overlap scheduling (the scheduler builds step N+1 while step N runs on the worker thread).
+
+Every scenario runs twice on the same tiny model, with overlap off and on, and must give the
+same tokens, texts and finish reasons; the overlap run must really pipeline steps, and no KV
+slot may leak.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from sglang.srt.entrypoints.engine import Engine
+from sglang.srt.managers.tp_worker_overlap_thread import future_placeholder, resolve_future_ids
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.srt.server_args_resolve import resolve_server_args
+from sglang.test.engine_checks import assert_no_kv_leak
+from sglang.test.scheduler_utils import abort, make_scheduler, run_until_idle, submit
+from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+class _SchedulerInfo:
+    """assert_no_kv_leak's engine interface over an in-process scheduler."""
+
+    def __init__(self, sched) -> None:
+        self.sched = sched
+
+    def get_server_info(self) -> dict:
+        return self.sched.internal_state()
+
+
+def run_both(model_dir: str, jobs, steps_between=None, **kw) -> tuple[dict, dict, list]:
+    """Run `jobs(sched)` (which submits requests) with overlap off and on; returns
+    (outputs off, outputs on, [scheduler off, scheduler on]). steps_between(sched, outs) may
+    drive the scheduler itself before the final run_until_idle."""
+    results, scheds = [], []
+    for disable in (True, False):
+        sched = make_scheduler(model_dir, disable_overlap_schedule=disable, **kw)
+        assert sched.enable_overlap is (not disable)
+        outs: dict = {}
+        jobs(sched)
+        if steps_between is not None:
+            steps_between(sched, outs)
+        run_until_idle(sched, outs)
+        assert sched.is_idle() and sched.inflight is None
+        assert_no_kv_leak(_SchedulerInfo(sched))
+        sched.kv.check_accounting()
+        results.append(outs)
+        scheds.append(sched)
+    assert scheds[0].stats["overlap_pipelined_steps"] == 0
+    return results[0], results[1], scheds
+
+
+def assert_same(a: dict, b: dict, keys=("output_ids", "text", "finish")) -> None:
+    assert a.keys() == b.keys()
+    for rid in a:
+        for k in keys:
+            assert a[rid][k] == b[rid][k], (rid, k)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(tiny_model_dir) -> dict:
+    """Outputs of 8 prompts without overlap, to place stop tokens / strings mid-way."""
+    sched = make_scheduler(tiny_model_dir, disable_overlap_schedule=True)
+    outs: dict = {}
+    for i, p in enumerate(prompts(8)):
+        submit(sched, f"r{i}", p, {**GREEDY, "max_new_tokens": 24})
+    run_until_idle(sched, outs)
+    return outs
+
+
+# ------------------------------------------------------------------ flags and futures
+def test_flag_resolution(tiny_model_dir):
+    sa = resolve_server_args(ServerArgs(model_path=tiny_model_dir, device="cpu"))
+    assert sa.disable_overlap_schedule is True  # CPU: off unless asked for
+    sa = resolve_server_args(
+        ServerArgs(model_path=tiny_model_dir, device="cpu", disable_overlap_schedule=False)
+    )
+    assert sa.disable_overlap_schedule is False
+    assert prepare_server_args([]).disable_overlap_schedule is None  # resolved per device
+    assert prepare_server_args(["--disable-overlap-schedule"]).disable_overlap_schedule is True
+
+
+def test_resolve_future_ids():
+    future = torch.tensor([11, 22, 33, 44])
+    ids = torch.tensor([5, future_placeholder(2), 7, future_placeholder(0), 0])
+    assert resolve_future_ids(ids, future).tolist() == [5, 33, 7, 11, 0]
+
+
+# ------------------------------------------------------------------ plain decoding
+def test_greedy_stops_and_lengths_identical(tiny_model_dir, greedy_reference):
+    """8 concurrent requests of different lengths; some stop on a token or a string that the
+    reference run generates mid-way (so the overlap run has already scheduled the next step
+    when the stop is seen), others on max_new_tokens."""
+    ps = prompts(8)
+    params = []
+    for i in range(8):
+        ref = greedy_reference[f"r{i}"]
+        p = {**GREEDY, "max_new_tokens": 6 + 3 * i}
+        if i % 3 == 1:
+            k = next(j for j in range(3, len(ref["output_ids"])) if ref["output_ids"][j] > 0)
+            p = {**p, "max_new_tokens": 24, "stop_token_ids": [ref["output_ids"][k]]}
+        elif i % 3 == 2 and len(ref["text"]) > 12:
+            p = {**p, "max_new_tokens": 24, "stop": [ref["text"][8:12]]}
+        params.append(p)
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            submit(sched, f"r{i}", p, params[i])
+
+    off, on, scheds = run_both(tiny_model_dir, jobs)
+    assert_same(off, on)
+    finishes = {o["finish"]["type"] for o in on.values()}
+    assert finishes == {"stop", "length"}
+    for i in range(8):
+        ref = greedy_reference[f"r{i}"]["output_ids"]
+        assert on[f"r{i}"]["output_ids"] == ref[: len(on[f"r{i}"]["output_ids"])]
+    assert scheds[1].stats["overlap_pipelined_steps"] >= 10
+    # Stopped requests were already in the next step (its token is discarded); requests that
+    # reach max_new_tokens with the in-flight token are not scheduled again.
+    stops = sum(o["finish"]["type"] == "stop" for o in on.values())
+    assert scheds[1].stats["overlap_discarded_tokens"] == stops
+
+
+def test_seeded_sampling_identical(tiny_model_dir):
+    """temperature 0.8 with per-request seeds: the in-flight token counts for the random
+    position. Requests with penalties force drains; min_new_tokens and logit_bias do not."""
+    ps = prompts(8, seed=1)
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            params = {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 12 + i}
+            if i == 3:
+                params["frequency_penalty"] = 0.5
+            if i == 5:
+                params["repetition_penalty"] = 1.3
+            if i == 6:
+                params = {**params, "min_new_tokens": 8, "logit_bias": {"300": 2.0}}
+            submit(sched, f"s{i}", p, params, seed=1000 + i)
+
+    off, on, scheds = run_both(tiny_model_dir, jobs)
+    assert_same(off, on)
+    assert scheds[1].stats["overlap_pipelined_steps"] > 0
+    assert scheds[1].stats["overlap_drains"] > 0  # the penalty requests
+
+
+def test_chunked_prefill_identical(tiny_model_dir):
+    ps = prompts(6, seed=2, lo=20, hi=90)
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            submit(sched, f"c{i}", p, {**GREEDY, "max_new_tokens": 10})
+
+    off, on, scheds = run_both(tiny_model_dir, jobs, chunked_prefill_size=16)
+    assert_same(off, on)
+    assert scheds[1].stats["overlap_pipelined_steps"] > 0
+
+
+def test_radix_hits_identical(tiny_model_dir):
+    shared = prompts(1, seed=9)[0] * 3
+    ps = [shared + [500 + i] for i in range(6)]
+
+    def jobs(sched):
+        submit(sched, "p0", ps[0], {**GREEDY, "max_new_tokens": 8})
+
+    def later(sched, outs):  # the rest arrive while p0 (then each other) still decode
+        for i in range(1, 6):
+            for _ in range(3):
+                sched.step()
+            submit(sched, f"p{i}", ps[i], {**GREEDY, "max_new_tokens": 8})
+
+    off, on, scheds = run_both(tiny_model_dir, jobs, later)
+    assert_same(off, on)
+    assert sum(on[f"p{i}"]["meta"]["cached_tokens"] for i in range(6)) > 0
+    assert scheds[1].stats["overlap_pipelined_steps"] > 0
+
+
+def test_retraction_identical(tiny_model_dir):
+    """A KV pool too small for all requests: decode retracts (after draining)."""
+    ps = prompts(8, seed=4, lo=20, hi=30)
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            submit(sched, f"k{i}", p, {**GREEDY, "max_new_tokens": 30})
+
+    off, on, scheds = run_both(tiny_model_dir, jobs, max_total_tokens=260)
+    assert_same(off, on)
+    assert scheds[1].stats["num_retractions"] > 0
+    assert scheds[1].stats["overlap_pipelined_steps"] > 0
+
+
+def test_aborts_mid_run(tiny_model_dir, greedy_reference):
+    """Aborted requests end with 'abort' and a prefix of their reference output; the others
+    are unaffected; no KV leaks."""
+    ps = prompts(8)
+    aborted = {"r1", "r4", "r6"}
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            submit(sched, f"r{i}", p, {**GREEDY, "max_new_tokens": 24})
+
+    def later(sched, outs):
+        for rid in sorted(aborted):
+            for _ in range(4):
+                sched.step()
+            abort(sched, rid)
+
+    off, on, _ = run_both(tiny_model_dir, jobs, later)
+    for outs in (off, on):
+        for rid, o in outs.items():
+            ref = greedy_reference[rid]["output_ids"]
+            if rid in aborted:
+                assert o["finish"]["type"] == "abort"
+                assert o["output_ids"] == ref[: len(o["output_ids"])]
+            else:
+                assert o["output_ids"] == ref and o["finish"]["type"] == "length"
+
+
+# ------------------------------------------------------------------ speculative decoding
+@pytest.fixture(scope="module")
+def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
+    return make_tiny_eagle3_dir(str(tmp_path_factory.mktemp("eagle3_overlap")), tiny_model_dir)
+
+
+def spec_jobs(ps, caps):
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            params = {**GREEDY, "max_new_tokens": 8 + 2 * i}
+            if caps[i] is not None:
+                params["max_draft_tokens"] = caps[i]
+            submit(sched, f"e{i}", p, params)
+
+    return jobs
+
+
+def test_spec_fixed_k_identical(tiny_model_dir, draft_dir, greedy_reference):
+    """EAGLE-3 with K = 3: steps where some request drafts drain; once only requests with
+    max_draft_tokens = 0 remain, d_i = 0 steps pipeline."""
+    ps = prompts(8)
+    caps = [3, 0, 0, 2, 0, 0, 1, 0]
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3,
+    )
+    off, on, scheds = run_both(tiny_model_dir, spec_jobs(ps, caps), **spec)
+    assert_same(off, on)
+    for i in range(8):
+        ref = greedy_reference[f"r{i}"]["output_ids"]
+        assert on[f"e{i}"]["output_ids"] == ref[: 8 + 2 * i]
+    st = scheds[1].stats
+    assert st["overlap_pipelined_steps"] > 0 and st["overlap_drains"] > 0
+    assert scheds[1].spec.stats["spec_proposed_drafts"] > 0
+
+
+def test_spec_adaptive_identical(tiny_model_dir, draft_dir, greedy_reference):
+    """--speculative-adaptive with batch-size tiers: no drafts (pipelined) while >= 4 requests
+    run, 3-token drafts (drained) below that."""
+    ps = prompts(8)
+    cfg = json.dumps({"policy": "tiers", "tiers": {"1": 3, "4": 0}})
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3,
+        speculative_adaptive=True,
+        speculative_adaptive_config=cfg,
+    )
+    off, on, scheds = run_both(tiny_model_dir, spec_jobs(ps, [None] * 8), **spec)
+    assert_same(off, on)
+    for i in range(8):
+        ref = greedy_reference[f"r{i}"]["output_ids"]
+        assert on[f"e{i}"]["output_ids"] == ref[: 8 + 2 * i]
+    st = scheds[1].stats
+    assert st["overlap_pipelined_steps"] > 0 and st["overlap_drains"] > 0
+    assert scheds[1].spec.stats["spec_proposed_drafts"] > 0
+
+
+# ------------------------------------------------------------------ engine
+def test_engine_overlap_no_kv_leak(tiny_model_dir, greedy_reference):
+    ps = prompts(8)
+    with Engine(model_path=tiny_model_dir, disable_overlap_schedule=False) as e:
+        outs = e.generate(input_ids=ps, sampling_params={**GREEDY, "max_new_tokens": 24})
+        assert [o["output_ids"] for o in outs] == [
+            greedy_reference[f"r{i}"]["output_ids"] for i in range(8)
+        ]
+        info = assert_no_kv_leak(e)
+        assert info["overlap_pipelined_steps"] > 0
