@@ -137,7 +137,8 @@ class EAGLEWorkerV2:
     # ---------------------------------------------------------------- draft + verify
     def draft_tokens(self, mwb: ModelWorkerBatch) -> tuple[list[list[int]], torch.Tensor]:
         """Chain drafting: catch-up draft extend, then d_i - 1 single-token draft steps, only
-        for requests with d_i > 0. Returns (drafts [bs][d_i] target ids, q [sum d_i, V])."""
+        for requests with d_i > 0. Returns (drafts [bs][d_i] target ids, q [sum d_i, V], or None
+        when every request is greedy)."""
         plan, info = mwb.spec, mwb.sampling_info
         d = plan.draft_lens
         active = [i for i in range(len(d)) if d[i] > 0]
@@ -172,7 +173,7 @@ class EAGLEWorkerV2:
                 torch.stack([mwb.out_cache_loc[starts[i] + step - 2] for i in active]),
             )
         flat_q = [q for i in range(len(d)) for q in q_rows[i]]
-        return drafts, torch.stack(flat_q)
+        return drafts, torch.stack(flat_q) if flat_q else None
 
     def _pick(self, logits, active, step, info, drafts, q_rows) -> None:
         """Choose each active request's draft token `step` and record its draft distribution q
@@ -186,6 +187,10 @@ class EAGLEWorkerV2:
         pos = info.random_positions[idx] + (step - 1)
         tok = sample_from_probs(q_draft, info.seeds[idx], pos, STREAM_DRAFT)
         tok = self.draft_to_target[tok].tolist()
+        if info.is_all_greedy:  # greedy verification never reads q
+            for k, i in enumerate(active):
+                drafts[i].append(tok[k])
+            return
         q = torch.zeros(len(active), self.vocab_size, device=self.device)
         q.index_copy_(1, self.draft_to_target, q_draft)
         for k, i in enumerate(active):
