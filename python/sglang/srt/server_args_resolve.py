@@ -55,12 +55,13 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
     return a
 
 
-def default_attention_backend(device: str, dtype) -> str:
+def default_attention_backend(device: str, dtype, head_dim: int = 128) -> str:
     """--attention-backend when not given: flashinfer on CUDA when importable and the model
-    runs in 16 bits (flashinfer has no float32 kernels), else triton; torch_native on CPU."""
+    runs in 16 bits with head_dim 64/128/256 (what its kernels cover), else triton;
+    torch_native on CPU."""
     if device != "cuda":
         return "torch_native"
-    if dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in (torch.float16, torch.bfloat16) or head_dim not in (64, 128, 256):
         return "triton"
     import importlib.util
 

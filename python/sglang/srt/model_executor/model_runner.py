@@ -52,7 +52,7 @@ class ModelRunner:
         self.init_memory_pool()
         # --attention-backend, or the device/dtype default (flashinfer > triton on CUDA)
         self.attention_backend_name = server_args.attention_backend or default_attention_backend(
-            self.device.type, self.dtype
+            self.device.type, self.dtype, model_config.head_dim
         )
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.cuda_graph_runner: CudaGraphRunner | None = None
