@@ -1,0 +1,162 @@
+"""Helpers shared by the benchmark scripts in this folder: run metadata, JSON output, engine
+arguments from argparse, and the weight bytes a decode step reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS_DIR = os.path.join(HERE, "results")
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository holding this file, or None (no git, or not a checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        return out.stdout.strip() or None
+    except Exception:  # noqa: BLE001 - metadata is best-effort
+        return None
+
+
+def run_meta(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command line, time, versions and device of this run."""
+    argv = sys.argv if argv is None else argv
+    meta: dict[str, Any] = {
+        "command": "python " + " ".join(shlex.quote(a) for a in argv),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "cuda": torch.cuda.is_available(),
+    }
+    try:
+        import transformers
+
+        meta["transformers"] = transformers.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        meta["gpu"] = props.name
+        meta["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+    return meta
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write obj as indented JSON through a temporary file (a crash never leaves half a file)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def engine_kwargs(args: Any) -> dict[str, Any]:
+    """ServerArgs fields (all of them, as parsed by ServerArgs.add_cli_args) from argparse args."""
+    from sglang.srt.server_args import ServerArgs
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)}
+
+
+def error_record(e: BaseException) -> str:
+    """One-line description of an exception for a JSON result."""
+    return f"{type(e).__name__}: {e}"[:2000]
+
+
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _cfg_get(cfg: Any, name: str, default: Any = None) -> Any:
+    return cfg.get(name, default) if isinstance(cfg, dict) else getattr(cfg, name, default)
+
+
+def llama_weight_bytes(hf_config: Any, dtype_bytes: int) -> dict[str, int]:
+    """Bytes of weights one decode step reads for a Llama-architecture model (one token per
+    request, batch 1): every decoder layer's projections and norms, the final norm and the
+    lm_head (V x H, also when tied: it is read as the output matrix); the embedding is a row
+    gather (H values). Returns {"layers", "lm_head", "embedding_row", "norm", "total"}."""
+
+    def get(name: str, default: Any = None) -> Any:
+        return _cfg_get(hf_config, name, default)
+
+    h, n_layers = get("hidden_size"), get("num_hidden_layers")
+    heads = get("num_attention_heads")
+    kv_heads = get("num_key_value_heads") or heads
+    head_dim = get("head_dim") or h // heads
+    inter, vocab = get("intermediate_size"), get("vocab_size")
+    q, kv = heads * head_dim, kv_heads * head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter + 2 * h  # qkv, o, gate/up/down, norms
+    if get("attention_bias", False):
+        per_layer += q + 2 * kv
+    parts = {
+        "layers": n_layers * per_layer * dtype_bytes,
+        "lm_head": vocab * h * dtype_bytes,
+        "embedding_row": h * dtype_bytes,
+        "norm": h * dtype_bytes,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def kv_bytes_per_token(hf_config: Any, dtype_bytes: int) -> int:
+    """K and V bytes of one token over all layers."""
+
+    def get(name: str, default: Any = None) -> Any:
+        return _cfg_get(hf_config, name, default)
+
+    heads = get("num_attention_heads")
+    head_dim = get("head_dim") or get("hidden_size") // heads
+    kv_heads = get("num_key_value_heads") or heads
+    return 2 * get("num_hidden_layers") * kv_heads * head_dim * dtype_bytes
+
+
+def measure_copy_bandwidth(n_bytes: int, device: str, iters: int = 10) -> dict[str, float]:
+    """Device-to-device copy bandwidth: (read + write bytes) / time of `iters` copies of an
+    n_bytes buffer, after 2 warm-up copies. CUDA timing uses events; CPU, perf_counter.
+    Returns {"bytes", "iters", "seconds", "bandwidth_gb_s"} (GB = 1e9 bytes). Frees the
+    buffers before returning."""
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    src.fill_(1)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    sync(device)
+    if str(device).startswith("cuda"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1000.0
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dst.copy_(src)
+        seconds = time.perf_counter() - t0
+    del src, dst
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+    return {
+        "bytes": n_bytes,
+        "iters": iters,
+        "seconds": seconds,
+        "bandwidth_gb_s": 2 * n_bytes * iters / seconds / 1e9,
+    }

