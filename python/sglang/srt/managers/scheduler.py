@@ -17,11 +17,12 @@ advance is known in advance:
 
 Otherwise the scheduler first resolves and commits step N (`drain`), then builds. Step N+1
 refers to a request's unknown last token by a future placeholder that the worker thread
-resolves on the device (tp_worker_overlap_thread.py). Commits stay in step order and all request
-state (output ids, kv_len, draft state, KV slots) stays here: a request that finishes in step N
-while in step N+1 loses N+1's token and slots when N+1 commits; a request whose in-flight token
-reaches max_new_tokens is not scheduled again; sampling counts the in-flight token, so random
-positions (and outputs) equal the non-overlap run's.
+resolves from its future-token buffer (tp_worker_overlap_thread.py). Commits stay in step
+order and all request state (output ids, kv_len, draft state, KV slots) stays here: a
+request that finishes in step N while in step N+1 loses N+1's token and slots when N+1
+commits; a request whose in-flight token reaches max_new_tokens is not scheduled again;
+sampling counts the in-flight token, so random positions (and outputs) equal the non-overlap
+run's.
 """
 
 from __future__ import annotations

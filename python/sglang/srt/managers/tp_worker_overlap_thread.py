@@ -9,9 +9,15 @@ in the same order. Its only state is the future-token buffer:
   a request's last (not yet known) token is the placeholder -(future_index + 1), where
   future_index is the request's slot in the ReqToTokenPool (`future_placeholder`).
 - Right after step N samples, the worker thread writes each sampled request's token into
-  future_ids[req_pool_index] (on the device, in stream order).
-- Before step N+1 runs, the worker thread replaces placeholders in its input ids on the device
+  future_ids[req_pool_index].
+- Before step N+1 runs, the worker thread replaces placeholders in its input ids
   (`resolve_future_ids`, a torch.where): the scheduler thread never waits for step N for this.
+
+Where the future buffer lives: the workers return sampled ids as host lists and the CUDA-graph
+runner packs host input ids into its one host-to-device copy, so by default the buffer is on the
+host (the worker thread already holds step N's ids when it starts step N+1: no extra sync).
+With `resolve_on_device=True` the buffer is on the device and placeholders are resolved there
+(input ids then reach the worker as a device tensor, which the eager path accepts).
 
 A slot is reused only after every in-flight step of the request that held it was committed, so a
 placeholder always refers to the newest token of its own request.
@@ -67,11 +73,15 @@ class TpModelWorkerClient:
     and returns its GenerationBatchResult. Handles must be resolved in launch order.
     """
 
-    def __init__(self, worker: Any, num_future_slots: int) -> None:
+    def __init__(self, worker: Any, num_future_slots: int, resolve_on_device: bool = False) -> None:
         self.worker = worker
         self.device = worker.device
         # [num_future_slots] int64: newest sampled token of each request slot
-        self.future_ids = torch.zeros(num_future_slots, dtype=torch.int64, device=self.device)
+        self.future_ids = torch.zeros(
+            num_future_slots,
+            dtype=torch.int64,
+            device=self.device if resolve_on_device else torch.device("cpu"),
+        )
         self.on_cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.input_queue: queue.Queue[_Launch | None] = queue.Queue()
@@ -152,7 +162,8 @@ class TpModelWorkerClient:
                 slots.append(slot)
                 toks.append(tok)
         if slots:
-            idx = torch.tensor(slots, dtype=torch.int64).to(self.device, non_blocking=True)
-            val = torch.tensor(toks, dtype=torch.int64).to(self.device, non_blocking=True)
+            dev = self.future_ids.device
+            idx = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
+            val = torch.tensor(toks, dtype=torch.int64).to(dev, non_blocking=True)
             self.future_ids[idx] = val
         return result
