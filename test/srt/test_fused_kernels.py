@@ -30,7 +30,19 @@ ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # may differ by one rounding step (0.03) when fp32 rsqrt/exp differ in their last bit.
 RTOL = {torch.float32: 1.3e-6, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-DEVICE = "cpu"  # the interpreter path; the gpu-marked tests below use "cuda"
+# The interpreter path on CPU; with CUDA present the same tests run compiled on the GPU (every
+# tensor they create lands on the default device set below).
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _default_device(request, monkeypatch):
+    """Tensors on DEVICE; outside the gpu-marked dispatch test the layers keep their PyTorch
+    path (the reference) while the kernels are called directly."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(triton_kernels, "TRITON_KERNELS_ENABLED", False)
+    with torch.device(DEVICE):
+        yield
 
 
 def _ref_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
@@ -91,7 +103,7 @@ def test_silu_and_mul_matches_torch(dtype: torch.dtype, num_tokens: int, inter: 
     torch.manual_seed(2)
     x = (torch.randn(num_tokens, 2 * inter) * 4).to(dtype)
     out = silu_and_mul(x)
-    ref = SiluAndMul()(x)  # CPU tensor: the PyTorch path
+    ref = SiluAndMul()(x)  # the PyTorch path (dispatch off)
     assert out.shape == (num_tokens, inter) and out.dtype == dtype
     torch.testing.assert_close(out, ref, atol=ATOL[dtype], rtol=RTOL[dtype])
     with pytest.raises(ValueError):
@@ -117,7 +129,7 @@ def test_rotary_in_place_matches_torch(
     positions = torch.randint(0, 2048, (num_tokens,), dtype=torch.int64)
     qkv, (q, k, v) = _qkv(num_tokens, hq, hk, head, dtype, DEVICE)
     v_before = v.clone()
-    ref_q, ref_k = rope(positions, q.clone(), k.clone())  # CPU tensors: the PyTorch path
+    ref_q, ref_k = rope(positions, q.clone(), k.clone())  # the PyTorch path (dispatch off)
     out_q, out_k = rotary_embedding_(positions, q, k, rope.cos_sin_cache, head, rotary_dim)
     assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()  # in place
     torch.testing.assert_close(q, ref_q, atol=ATOL[dtype], rtol=RTOL[dtype])
@@ -144,8 +156,9 @@ def test_rotary_llama3_cache_int32_positions_and_3d() -> None:
     torch.testing.assert_close(k, ref_k, atol=1e-5, rtol=0)
 
 
-def test_dispatch_off_on_cpu() -> None:
-    x = torch.randn(2, 8)
+def test_dispatch_off_on_cpu(monkeypatch) -> None:
+    monkeypatch.setattr(triton_kernels, "TRITON_KERNELS_ENABLED", True)
+    x = torch.randn(2, 8, device="cpu")
     assert not triton_kernels.use_triton_kernels(x)  # CPU tensors keep the PyTorch path
 
 

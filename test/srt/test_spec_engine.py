@@ -33,7 +33,7 @@ def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir) -> dict[str, list[int]]:
-    sched = make_scheduler(tiny_model_dir)
+    sched = make_scheduler(tiny_model_dir, dtype="float32")
     outs: dict = {}
     for i, p in enumerate(prompts(24)):
         submit(sched, f"r{i}", p, GREEDY)
@@ -44,6 +44,7 @@ def reference(tiny_model_dir) -> dict[str, list[int]]:
 def spec_scheduler(tiny_model_dir, draft_dir, **kw):
     return make_scheduler(
         tiny_model_dir,
+        dtype="float32",  # greedy equality is exact only without bf16 shape-dependent rounding
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=draft_dir,
         speculative_num_steps=K,
@@ -68,7 +69,8 @@ def oracle_drafts(sched, reference):
             ds = (ref[L : L + d] + [0] * d)[:d]
             drafts.append(ds)
             for t in ds:
-                qs.append(torch.nn.functional.one_hot(torch.tensor(t), worker.vocab_size).float())
+                hot = torch.nn.functional.one_hot(torch.tensor(t), worker.vocab_size).float()
+                qs.append(hot.to(worker.device))
         return drafts, torch.stack(qs)
 
     worker.draft_tokens = draft_tokens
@@ -79,6 +81,7 @@ def test_greedy_identical_random_draft_engine(tiny_model_dir, draft_dir, referen
     ps = prompts(24)
     with Engine(
         model_path=tiny_model_dir,
+        dtype="float32",
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=draft_dir,
         speculative_num_steps=K,
@@ -265,7 +268,7 @@ def test_radix_hits_under_speculation(tiny_model_dir, draft_dir):
 
 def test_logprobs_are_the_targets(tiny_model_dir, draft_dir, reference):
     ps = prompts(24)
-    plain = make_scheduler(tiny_model_dir)
+    plain = make_scheduler(tiny_model_dir, dtype="float32")
     spec = spec_scheduler(tiny_model_dir, draft_dir)
     oracle_drafts(spec, reference)
     a, b = {}, {}
@@ -308,10 +311,11 @@ def test_trained_tiny_draft_is_often_right_and_lossless(tiny_model_dir, tmp_path
         prompts=texts,
         max_new_tokens=24,
     )
-    with Engine(model_path=tiny_model_dir) as e:
+    with Engine(model_path=tiny_model_dir, dtype="float32") as e:
         ref = [o["output_ids"] for o in e.generate(texts, params)]
     with Engine(
         model_path=tiny_model_dir,
+        dtype="float32",
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=draft,
         speculative_num_steps=K,
