@@ -121,7 +121,11 @@ def test_dummy_weights_are_finite_and_vary(tiny_llama):
     assert torch.isfinite(logits).all()
     assert (logits[0] - logits[1]).abs().max() > 1e-4
     again = get_model(cfg, load_format="dummy", random_seed=3)
-    assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    emb = model.model.embed_tokens.weight
+    assert torch.equal(again.model.embed_tokens.weight, emb)
+    assert abs(emb.float().std().item() - 0.02) < 0.001 and abs(emb.float().mean().item()) < 1e-3
+    other = model.model.layers[0].mlp.down_proj.weight.flatten()[:1000]
+    assert not torch.equal(other, emb.flatten()[:1000])  # each parameter draws its own stream
 
 
 def test_missing_weight_raises(tiny_llama, tmp_path):

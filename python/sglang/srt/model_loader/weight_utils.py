@@ -140,18 +140,30 @@ class StackedParamLoader:
 
 
 def initialize_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Random weights for --load-format dummy: normal(0, std) for matrices and biases, 1.0 for
-    norm weights (any 1-D parameter whose name contains 'norm').
+    """Random weights for --load-format dummy: uniform on [-sqrt(3) std, sqrt(3) std] (standard
+    deviation `std`) for matrices and biases, 1.0 for norm weights (any 1-D parameter whose name
+    contains 'norm').
 
-    Values are drawn on the CPU with a seeded generator, so they are the same on every device.
+    Values come from a counter-based hash (splitmix64 of (seed, parameter index, element index),
+    sglang.srt.sampling.random.mix64) computed on the parameter's own device in chunks, so they
+    are identical on every device and an 8B-parameter model fills in seconds on a GPU.
     """
-    gen = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
+    from sglang.srt.sampling.random import GOLDEN, mix64, to_int64_seed
+
+    half_width = std * 3.0**0.5
+    chunk = 1 << 26  # elements per hash call (bounds the int64 temporaries)
+    for p_idx, (name, param) in enumerate(model.named_parameters()):
         if param.dim() == 1 and "norm" in name:
             param.data.fill_(1.0)
             continue
-        values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
-        param.data.copy_(values)
+        flat = param.data.view(-1)
+        key = mix64(torch.tensor([to_int64_seed(seed) * 1_000_003 + p_idx], device=flat.device))
+        for lo in range(0, flat.numel(), chunk):
+            n = min(chunk, flat.numel() - lo)
+            idx = torch.arange(lo, lo + n, dtype=torch.int64, device=flat.device)
+            x = mix64(key + (idx + 1) * GOLDEN)  # [n] int64
+            u = ((x >> 40) & ((1 << 24) - 1)).to(torch.float32) * (1.0 / (1 << 24))  # [0, 1)
+            flat[lo : lo + n] = ((u * 2.0 - 1.0) * half_width).to(flat.dtype)
 
 
 def save_safetensors_checkpoint(
