@@ -16,7 +16,8 @@
 # Knobs (env): TAG (file suffix, default h200), PART_BUDGET_S (default 550: the part stops
 # starting work after this), SWEEP_BUDGET_S (per server configuration; B 85, C 88),
 # ROOF_TIMEOUT_S (200), VSHF_TIMEOUT_S (200), SERVER_ARGS (extra launch_server flags for the
-# sweeps, e.g. "--attention-backend triton"), ENGINE_ARGS (extra flags for roofline / vs_hf).
+# sweeps, e.g. "--attention-backend triton"), ENGINE_ARGS (extra flags for roofline / vs_hf),
+# SWEEP_EXTRA (extra sweep_serving.py flags, e.g. "--concurrency 1 4 16 --output-len 64").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PART=${1:?usage: scripts/gpu_bench.sh A|B|C}
@@ -34,6 +35,8 @@ T0=$(date +%s)
 left() { echo $((PART_BUDGET_S - ($(date +%s) - T0))); }
 
 preflight() {
+  # FlashInfer JIT cache of an earlier run (scripts/gpu_validate.sh packs it), if carried
+  [ -f .device/fi_cache.tgz ] && mkdir -p ~/.cache && tar xzf .device/fi_cache.tgz -C ~/.cache
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv || true
   $PY -c "from sglang.srt.model_loader.bundled import bundled_gguf_path as p; print(p())" || {
     echo "the bundled GGUF is not staged (see scripts/gpu_run_tests.sh)"; return 1; }
@@ -56,8 +59,9 @@ sweep() {  # preset, deadline (s), per-config budget (s or empty)
   if [ "$deadline" -lt 60 ]; then echo "no time left for the $preset sweep"; return; fi
   local extra=()
   [ -n "$budget" ] && extra+=(--config-budget-s "$budget")
+  # shellcheck disable=SC2086
   timeout -k 10 $((deadline + 30)) $PY benchmark/sweep_serving.py --preset "$preset" \
-    --deadline-s "$deadline" "${extra[@]}" --server-args "$SERVER_ARGS" \
+    --deadline-s "$deadline" "${extra[@]}" --server-args "$SERVER_ARGS" ${SWEEP_EXTRA:-} \
     --result-file "$OUT/sweep_${preset}_$TAG.json" --log-dir "$LOGS"
   echo "sweep $preset rc=$? at $(( $(date +%s) - T0 )) s"
 }
