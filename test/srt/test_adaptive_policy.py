@@ -374,4 +374,5 @@ def test_idle_requests_drift_back_to_the_prior_and_are_retried():
         no_explore.observe([0, 1], [K, K], [0, K])
     for _ in range(60):
         no_explore.observe([0, 1], [0, K], [0, K])
-    assert no_explore.alphas([0])[0, 0] == pytest.approx(bad)
+    stuck = no_explore.alphas([0])[0, 0]  # own counts dominate: still far below the prior
+    assert stuck < 0.3 and stuck < tr.server_alpha()[0] - 0.4
