@@ -51,6 +51,16 @@ def test_registry_refuses_flashinfer_off_cuda():
         create_attention_backend("flashinfer", object())  # a runner without a device
 
 
+def test_graph_workspace_covers_the_measured_8b_verify_plan():
+    """FlashInfer 0.6.18 asked for 635,437,056 bytes of split-KV scratch when planning the
+    bs-256 x 6-token verify graph of the Llama-3.1-8B shape on the H200 (the 384 MiB default
+    overflowed); the graph workspace is sized from the graph's tokens, heads and head_dim."""
+    from sglang.srt.layers.attention.flashinfer_backend import graph_workspace_bytes
+
+    assert graph_workspace_bytes(256 * 6, 32, 128) >= 635_437_056
+    assert graph_workspace_bytes(256 * 6, 9, 64) < 384 << 20  # SmolLM2 keeps the default
+
+
 def test_paged_layout_gives_unassigned_rows_to_the_last_request():
     lay = paged_layout([10, 23, 39, 6], [1, 3, 6, 2], num_tokens=14)
     assert lay.qo_indptr.tolist() == [0, 1, 4, 10, 14]
