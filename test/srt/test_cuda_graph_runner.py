@@ -173,3 +173,50 @@ def test_engine_graphs_equal_eager_while_batch_shrinks(tiny_model_dir, backend, 
     assert {r: len(v) for r, v in graphs.items()} == {f"r{i}": n for i, n in enumerate(lens)}
     same = sum(graphs[r] == eager[r] for r in eager)
     assert same == len(eager) if backend == "triton" else same >= len(eager) - 2
+
+
+def check_draft_padded_equals_eager(tiny_model_dir, tmp_path, device: str, use_graphs: bool):
+    from sglang.srt.speculative.draft_cuda_graph_runner import DraftDecodeGraphRunner
+    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+    draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
+    sched = make_scheduler(
+        tiny_model_dir, device=device, dtype="float32", max_total_tokens=4096,
+        speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3, disable_cuda_graph=True,
+        **({"attention_backend": "triton"} if device == "cuda" else {}),
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    for i, n in enumerate((6, 9, 4)):
+        submit(sched, f"r{i}", torch.randint(5, 500, (n,), generator=g).tolist(), {
+            "max_new_tokens": 8, "temperature": 0, "ignore_eos": True})  # fmt: skip
+    sched.step()  # prefill: target KV and draft KV of the prompts
+    reqs = sorted(sched.running, key=lambda r: r.rid)
+    draft = sched.tp_worker.draft
+    graphs = DraftDecodeGraphRunner(draft, [1, 2, 4, 8], use_graphs=use_graphs)
+    hd = draft.model.config.hidden_size
+    for step in range(2):
+        slots = sched.allocator.alloc(len(reqs))
+        pos = [r.kv_len + step for r in reqs]
+        for r, p, s in zip(reqs, pos, slots, strict=True):
+            sched.req_to_token_pool.write(r.req_pool_idx, p, s.view(1))
+        ids = torch.randint(5, 500, (len(reqs),), generator=g).to(device)
+        hidden = torch.randn(len(reqs), hd, generator=g).to(device)
+        rows = [r.req_pool_idx for r in reqs]
+        want = draft.forward(ids, hidden, rows, pos, [1] * len(reqs), slots)
+        k_want = draft.kv_pool.k_buffer[0][slots.to(device)].clone()
+        got = graphs.decode(ids, hidden, rows, pos, slots)  # 3 rows in the bs-4 bucket
+        torch.testing.assert_close(draft.kv_pool.k_buffer[0][slots.to(device)], k_want)
+        torch.testing.assert_close(got[0], want[0], atol=2e-4, rtol=0)
+        torch.testing.assert_close(got[1], want[1], atol=2e-4, rtol=0)
+    assert graphs.can_run_decode(8) and not graphs.can_run_decode(9)
+
+
+def test_draft_decode_padded_equals_eager_cpu(tiny_model_dir, tmp_path):
+    check_draft_padded_equals_eager(tiny_model_dir, tmp_path, "cpu", use_graphs=False)
+
+
+@pytest.mark.gpu
+@gpu
+def test_draft_decode_cuda_graph_equals_eager(tiny_model_dir, tmp_path):
+    check_draft_padded_equals_eager(tiny_model_dir, tmp_path, "cuda", use_graphs=True)

@@ -17,7 +17,9 @@ from sglang.srt.model_executor.forward_batch_info import (
     build_positions_and_starts,
 )
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.speculative.draft_config import load_draft_model
+from sglang.srt.speculative.draft_cuda_graph_runner import DraftDecodeGraphRunner
 
 
 class DraftRunner:
@@ -39,6 +41,42 @@ class DraftRunner:
             self.device,
         )
         self.attn_backend = create_attention_backend(target.attention_backend_name, self)
+        self.graph_runner: DraftDecodeGraphRunner | None = None
+
+    @property
+    def token_to_kv_pool(self) -> MHATokenToKVPool:
+        return self.kv_pool
+
+    def init_cuda_graphs(self, batch_sizes: list[int], use_graphs: bool = True) -> None:
+        """Capture the single-token draft steps (EAGLE-3 drafts whose attention backend can be
+        captured; anything else keeps running eagerly)."""
+        if not isinstance(self.model, LlamaForCausalLMEagle3):
+            return
+        if use_graphs and not getattr(self.attn_backend, "supports_cuda_graph", False):
+            return
+        self.graph_runner = DraftDecodeGraphRunner(self, batch_sizes, use_graphs)
+
+    def decode(
+        self,
+        input_ids: torch.Tensor,  # [m] int64 (device)
+        hidden_states: torch.Tensor,  # [m, draft_hidden]
+        req_pool_indices: list[int],  # [m]
+        positions: list[int],  # [m] position of each row's token
+        out_cache_loc: torch.Tensor,  # [m] int64 KV slots (CPU)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One single-token draft step per row: replayed through a CUDA graph when captured,
+        eagerly otherwise. Returns (logits [m, draft_vocab] float32, hidden [m, draft_hidden])."""
+        g = self.graph_runner
+        if g is not None and g.can_run_decode(len(positions)):
+            return g.decode(input_ids, hidden_states, req_pool_indices, positions, out_cache_loc)
+        return self.forward(
+            input_ids,
+            hidden_states,
+            req_pool_indices,
+            positions,
+            [1] * len(positions),
+            out_cache_loc,
+        )
 
     @torch.no_grad()
     def forward(

@@ -57,6 +57,9 @@ class EAGLEWorkerV2:
         self.model_runner.init_cuda_graphs(
             CaptureHiddenMode.LAST, server_args.speculative_num_steps + 1
         )
+        target_graphs = self.model_runner.cuda_graph_runner
+        if target_graphs is not None:  # same bs buckets for the draft's single-token steps
+            self.draft.init_cuda_graphs(target_graphs.batch_sizes)
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -164,12 +167,11 @@ class EAGLEWorkerV2:
             # Draft step `step` sits at position n_i + step - 2, in the KV slot of verify token
             # step - 2 (the scheduler wrote those slots into req_to_token).
             pos = [mwb.extend_prefix_lens[i] + step - 2 for i in active]
-            logits, g = self.draft.forward(
+            logits, g = self.draft.decode(
                 torch.tensor([drafts[i][-1] for i in active], device=self.device),
                 g[keep],
                 [mwb.req_pool_indices[i] for i in active],
                 pos,
-                [1] * len(active),
                 torch.stack([mwb.out_cache_loc[starts[i] + step - 2] for i in active]),
             )
         flat_q = [q for i in range(len(d)) for q in q_rows[i]]
