@@ -157,8 +157,10 @@ class EAGLEWorkerV2:
             torch.cat([plan.catchup_slots[i] for i in active]),
         )
         step = 1
+        picked: list[tuple[list[int], torch.Tensor]] = []  # (active rows, [m] target ids)
         while True:
-            self._pick(logits, active, step, info, drafts, q_rows)
+            tok = self._pick(logits, active, step, info, q_rows)  # [m] int64, on the device
+            picked.append((active, tok))
             step += 1
             keep = [k for k, i in enumerate(active) if d[i] >= step]
             if not keep:
@@ -167,19 +169,27 @@ class EAGLEWorkerV2:
             # Draft step `step` sits at position n_i + step - 2, in the KV slot of verify token
             # step - 2 (the scheduler wrote those slots into req_to_token).
             pos = [mwb.extend_prefix_lens[i] + step - 2 for i in active]
+            keep_t = torch.tensor(keep, device=self.device)
             logits, g = self.draft.decode(
-                torch.tensor([drafts[i][-1] for i in active], device=self.device),
-                g[keep],
+                tok[keep_t],
+                g[keep_t],
                 [mwb.req_pool_indices[i] for i in active],
                 pos,
                 torch.stack([mwb.out_cache_loc[starts[i] + step - 2] for i in active]),
             )
+        ids = torch.cat([t for _, t in picked]).tolist()  # the one host sync of drafting
+        k = 0
+        for rows, _ in picked:
+            for i in rows:
+                drafts[i].append(ids[k])
+                k += 1
         flat_q = [q for i in range(len(d)) for q in q_rows[i]]
         return drafts, torch.stack(flat_q) if flat_q else None
 
-    def _pick(self, logits, active, step, info, drafts, q_rows) -> None:
-        """Choose each active request's draft token `step` and record its draft distribution q
-        over the target vocabulary (one-hot for greedy requests)."""
+    def _pick(self, logits, active, step, info, q_rows) -> torch.Tensor:
+        """Choose each active request's draft token `step` ([m] int64 target ids, device) and
+        record its draft distribution q over the target vocabulary (one-hot for greedy rows;
+        nothing when every request is greedy: greedy verification never reads q)."""
         idx = torch.tensor(active, device=self.device)
         greedy = info.greedy_mask[idx]
         temps = info.temperatures[idx]
@@ -188,16 +198,12 @@ class EAGLEWorkerV2:
         q_draft = torch.where(greedy.view(-1, 1), hot, q_draft)
         pos = info.random_positions[idx] + (step - 1)
         tok = sample_from_probs(q_draft, info.seeds[idx], pos, STREAM_DRAFT)
-        tok = self.draft_to_target[tok].tolist()
-        if info.is_all_greedy:  # greedy verification never reads q
+        if not info.is_all_greedy:
+            q = torch.zeros(len(active), self.vocab_size, device=self.device)
+            q.index_copy_(1, self.draft_to_target, q_draft)
             for k, i in enumerate(active):
-                drafts[i].append(tok[k])
-            return
-        q = torch.zeros(len(active), self.vocab_size, device=self.device)
-        q.index_copy_(1, self.draft_to_target, q_draft)
-        for k, i in enumerate(active):
-            drafts[i].append(tok[k])
-            q_rows[i].append(q[k])
+                q_rows[i].append(q[k])
+        return self.draft_to_target[tok]
 
     def forward_verify(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         plan, info = mwb.spec, mwb.sampling_info
