@@ -16,7 +16,7 @@ fixed output length, ignore_eos, greedy. Per point: output tok/s, TTFT and ITL (
 p99), accept length, and the scheduler's counters from /get_server_info. Then the server is
 killed (its whole process tree) and the next configuration starts.
 
-Time-boxed: a configuration stops starting points when --config-budget-s (from its launch) is
+Time-boxed: a configuration stops starting points when --config-budget-s (from when it serves) is
 spent, the sweep when --deadline-s (from the start) is; those points and configurations are
 recorded as "skipped". A running point is cancelled at either limit ("timeout"). A server that
 fails to start, or a point that fails, records its error (with the server log's tail) and the
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-out", default=None, help="dummy-draft presets: where to write it")
     p.add_argument("--config-budget-s", type=float, default=None)
     p.add_argument("--deadline-s", type=float, default=None)
-    p.add_argument("--startup-timeout-s", type=float, default=600.0)
+    p.add_argument("--startup-timeout-s", type=float, default=180.0)
     p.add_argument("--log-dir", default="/tmp/sweep_serving_logs")
     p.add_argument("--result-file", default=None, help="default: results/sweep_<preset>.json")
     return p
@@ -206,15 +206,16 @@ class Sweep:
         """Start the server of one configuration, run its points, stop it."""
         args = self.args
         t0 = time.monotonic()
-        budget_end = t0 + args.config_budget_s if args.config_budget_s else float("inf")
-        end = min(self.deadline, budget_end)
         log_path = os.path.join(args.log_dir, f"{args.preset}_{cfg['name']}.log")
         server = Server(cfg["flags"], log_path)
         cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
         cfg["log"] = log_path
         try:
             try:
-                server.wait_ready(min(args.startup_timeout_s, max(1.0, end - time.monotonic())))
+                # start-up (first-start kernel compilation, graph capture) is bounded by
+                # --startup-timeout-s and the deadline; the config budget starts once it serves
+                left = max(1.0, self.deadline - time.monotonic())
+                server.wait_ready(min(args.startup_timeout_s, left))
                 cfg["startup_s"] = self.last_startup_s = time.monotonic() - t0
                 if self.rows is None:
                     n_max = max(self.num_prompts(c) for c in args.concurrency)
@@ -224,6 +225,9 @@ class Sweep:
                 cfg.update(status="error", error="server start: " + error_record(e))
                 cfg["log_tail"] = log_tail(log_path)
                 return
+            ready = time.monotonic()
+            budget_end = ready + args.config_budget_s if args.config_budget_s else float("inf")
+            end = min(self.deadline, budget_end)
             stop = None
             for c in args.concurrency:
                 point = {"concurrency": c, "num_prompts": min(self.num_prompts(c), len(self.rows))}
