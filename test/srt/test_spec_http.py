@@ -72,3 +72,10 @@ def test_server_info_and_metrics(servers):
     assert "sglang:spec_accept_length_per_request_bucket" in text
     assert "sglang:spec_share_requests_drafting" in text
     assert "sglang:spec_mean_draft_len" in text
+    # one finished request so far in this histogram per request served above, all counted
+    count = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("sglang:spec_mean_draft_len_per_request_count")
+    ]
+    assert len(count) == 1 and float(count[0].split()[-1]) >= 1

@@ -324,6 +324,7 @@ class TokenizerManager:
             itls_s=state.itls,
             e2e_s=now - state.created,
             spec_accept_length=state.meta.get("spec_accept_length"),
+            spec_mean_draft_len=state.meta.get("spec_mean_draft_len"),
         )
 
     def _output(self, state: ReqState) -> dict:

@@ -92,6 +92,12 @@ class TokenizerMetricsCollector:
             "Per finished request: completion tokens per verify forward (speculative decoding).",
             (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0),
         )
+        self.spec_mean_draft_len_hist = self._histogram(
+            "sglang:spec_mean_draft_len_per_request",
+            "Per finished request: proposed draft tokens per verify step (adaptive speculation "
+            "lowers it under load; 0 = never drafted).",
+            (0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0),
+        )
         self.e2e = self._histogram(
             "sglang:e2e_request_latency_seconds",
             "End-to-end request latency in seconds.",
@@ -145,6 +151,7 @@ class TokenizerMetricsCollector:
         itls_s: list[float],
         e2e_s: float,
         spec_accept_length: float | None = None,
+        spec_mean_draft_len: float | None = None,
     ) -> None:
         """Record one finished request. Times in seconds; itls_s are the gaps between
         consecutive token deliveries (one entry per step after the first)."""
@@ -162,6 +169,8 @@ class TokenizerMetricsCollector:
             self.e2e.observe(e2e_s)
             if spec_accept_length is not None:
                 self.spec_accept_length_hist.observe(spec_accept_length)
+            if spec_mean_draft_len is not None:
+                self.spec_mean_draft_len_hist.observe(spec_mean_draft_len)
 
     def set_internal_state(self, state: dict) -> None:
         """Set the gauges from TokenizerManager.get_internal_state() (missing keys skipped)."""
