@@ -72,7 +72,7 @@ def test_server_info_and_metrics(servers):
     assert "sglang:spec_accept_length_per_request_bucket" in text
     assert "sglang:spec_share_requests_drafting" in text
     assert "sglang:spec_mean_draft_len" in text
-    # one finished request so far in this histogram per request served above, all counted
+    # the per-request histogram counted the finished requests (at least the one above)
     count = [
         ln
         for ln in text.splitlines()
