@@ -333,3 +333,24 @@ def test_random_requests_sharing_prefixes(data):
     sim.check()
     assert sim.cache.protected_size() == 0
     assert sim.alloc.available_size() + sim.cache.total_size() == sim.size
+
+
+def test_allocator_stack_order_reuse_and_double_free():
+
+    a = TokenToKVPoolAllocator(8)
+    first = a.alloc(3)
+    assert first.tolist() == [1, 2, 3] and a.available_size() == 5
+    second = a.alloc(2)
+    assert second.tolist() == [4, 5]
+    a.free(first)
+    assert a.available_size() == 6
+    assert a.alloc(3).tolist() == [1, 2, 3]  # the freed run comes back in its order
+    assert a.alloc(4) is None and a.available_size() == 3
+    rest = a.alloc(3)
+    assert sorted(rest.tolist()) == [6, 7, 8] and a.available_size() == 0
+    a.free(rest)
+    a.free(second)
+    with pytest.raises(ValueError, match="double free"):
+        a.free(torch.tensor([1, 2, 3, 4]))
+    a.clear()
+    assert a.available_size() == 8 and sorted(a.free_slots.tolist()) == list(range(1, 9))

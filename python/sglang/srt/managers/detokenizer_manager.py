@@ -47,6 +47,7 @@ class IncrementalDetokenizer:
         self.surr_offset = 0  # start of the surrounding window (index into all_ids)
         self.read_offset = len(tail)  # ids before this are already in `text`
         self._text = ""
+        self._unread: list[int] = []  # appended ids not decoded yet (see append)
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, ids: list[int]) -> str:
@@ -57,9 +58,18 @@ class IncrementalDetokenizer:
         )
 
     def append(self, ids: list[int]) -> None:
-        """Add new output ids; `text` grows by every newly completed character."""
-        if not ids:
-            return
+        """Add new output ids. Decoding is lazy: the ids are decoded (as one chunk) when `text`,
+        `find_stop`, `flush` or `num_pending_ids` is next used, so a request whose text is
+        only read when it finishes costs two decodes in all, not two per token."""
+        self._unread.extend(ids)
+
+    def _catch_up(self) -> None:
+        if self._unread:
+            ids, self._unread = self._unread, []
+            self._decode_chunk(ids)
+
+    def _decode_chunk(self, ids: list[int]) -> None:
+        """`text` grows by every newly completed character of all_ids + ids."""
         self.all_ids.extend(ids)
         surr_text = self._decode(self.all_ids[self.surr_offset : self.read_offset])
         # Usually the whole chunk completes; if it ends mid-character, emit the longest prefix
@@ -77,16 +87,18 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """All output text so far (complete characters only)."""
+        self._catch_up()
         return self._text
 
     @property
     def output_ids(self) -> list[int]:
         """All output ids appended so far."""
-        return self.all_ids[self.num_context_ids :]
+        return self.all_ids[self.num_context_ids :] + self._unread
 
     @property
     def num_pending_ids(self) -> int:
         """Output ids whose text is held back (incomplete UTF-8 at the end)."""
+        self._catch_up()
         return len(self.all_ids) - self.read_offset
 
     def flush(self) -> str:
@@ -94,6 +106,7 @@ class IncrementalDetokenizer:
 
         Returns the full text, which may now end in U+FFFD if generation stopped mid-character.
         """
+        self._catch_up()
         if self.num_pending_ids:
             surr_text = self._decode(self.all_ids[self.surr_offset : self.read_offset])
             new_text = self._decode(self.all_ids[self.surr_offset :])
@@ -114,6 +127,7 @@ class IncrementalDetokenizer:
         Returns (char index in `text` where the match starts, the stop string), the earliest
         start (ties: the first in stop_strs), or None.
         """
+        self._catch_up()
         best: tuple[int, str] | None = None
         for s in stop_strs:
             if not s:

@@ -129,8 +129,13 @@ class OutputProcessor:
         calls finish() for a finished request.
         """
         appended = 0
+        sp = req.sampling_params
+        eos = () if sp.ignore_eos else self.s.model_config.eos_token_ids
         for tok, lp, top in zip(token_ids, logprobs, top_logprobs, strict=True):
-            prev_text_len = len(req.detok.text)
+            # Text length before this token: only stop strings and stop-token trimming read it
+            # (reading it decodes; otherwise the request's text is decoded when it is sent).
+            needs_text = bool(sp.stop_strs) or tok in eos or tok in (sp.stop_token_ids or ())
+            prev_text_len = len(req.detok.text) if needs_text else 0
             req.output_ids.append(tok)
             req.detok.append([tok])
             if req.return_logprob:

@@ -8,7 +8,9 @@ import torch
 class TokenToKVPoolAllocator:
     """Hands out KV slots 1..size (slot 0 is the padding slot and never allocated).
 
-    The free list is a CPU int64 tensor; alloc/free are O(n) tensor ops, no Python loops.
+    The free list is a stack in a preallocated CPU int64 tensor: alloc takes the top `need`
+    slots, free pushes slots back, each O(n) in the slots moved (not in the pool size: freeing a
+    finished request no longer copies the whole free list).
     """
 
     def __init__(self, size: int) -> None:
@@ -16,20 +18,34 @@ class TokenToKVPoolAllocator:
         self.clear()
 
     def clear(self) -> None:
-        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64)  # [num_free]
+        # [size], top of the stack at the end; a fresh pool hands out 1, 2, 3, ... in order
+        self._stack = torch.arange(self.size, 0, -1, dtype=torch.int64)
+        self._num_free = self.size  # _stack[:_num_free] are the free slots
+
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """The free slots ([num_free] int64, CPU; a view: copy it before allocating)."""
+        return self._stack[: self._num_free]
 
     def available_size(self) -> int:
-        return int(self.free_slots.numel())
+        return self._num_free
 
     def alloc(self, need: int) -> torch.Tensor | None:
-        """Return `need` free slots ([need] int64, CPU) or None when fewer are free."""
-        if need > self.free_slots.numel():
+        """Return `need` free slots ([need] int64, CPU, a fresh tensor) or None when fewer are
+        free."""
+        if need > self._num_free:
             return None
-        out, self.free_slots = self.free_slots[:need], self.free_slots[need:]
-        return out
+        self._num_free -= need
+        return self._stack[self._num_free : self._num_free + need].flip(0)  # a copy
 
     def free(self, slots: torch.Tensor) -> None:
-        """Return slots ([n] int64) to the free list."""
-        if slots.numel() == 0:
+        """Return slots ([n] int64) to the free list. Raises ValueError when more slots come
+        back than the pool holds (a double free)."""
+        n = slots.numel()
+        if n == 0:
             return
-        self.free_slots = torch.cat([self.free_slots, slots.to("cpu", torch.int64)])
+        if self._num_free + n > self.size:
+            raise ValueError(f"freeing {n} slots overflows the pool of {self.size} (double free)")
+        # pushed reversed, so freeing then allocating the same count returns the same order
+        self._stack[self._num_free : self._num_free + n] = slots.to("cpu", torch.int64).flip(0)
+        self._num_free += n
