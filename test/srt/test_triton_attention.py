@@ -20,7 +20,14 @@ from sglang.srt.layers.attention.torch_native_backend import (  # noqa: E402
     TorchNativeAttnBackend,
     attention_reference,
 )
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
+from sglang.srt.layers.attention.triton_backend import (  # noqa: E402
+    DECODE_SPLITS,
+    TritonAttnBackend,
+)
+from sglang.srt.layers.attention.triton_ops.decode_attention import (  # noqa: E402
+    alloc_decode_partials,
+    decode_attention_fwd,
+)
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
@@ -45,13 +52,17 @@ def make_case(
     max_ext: int = 12,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
+    prefix: list[int] | None = None,
 ):
     """A random ragged batch over a shuffled paged pool; returns (fb, layer, (q, k, v), expected)
-    with expected [num_tokens, h * d] from attention_reference per request in float32."""
+    with expected [num_tokens, h * d] from attention_reference per request in float32.
+    prefix: fixed cached lengths (one per request) instead of random ones."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    bs = rng.randrange(1, max_bs + 1)
-    prefix = [rng.randrange(0, max_prefix + 1) for _ in range(bs)]
+    if prefix is None:
+        bs = rng.randrange(1, max_bs + 1)
+        prefix = [rng.randrange(0, max_prefix + 1) for _ in range(bs)]
+    bs = len(prefix)
     ext = [1 if decode else rng.randrange(1, max_ext + 1) for _ in range(bs)]
     seq = [p + e for p, e in zip(prefix, ext, strict=True)]
     size = sum(seq) + 8
@@ -107,8 +118,8 @@ def make_case(
     return fb, layer, (q, k, v), torch.cat(expected).reshape(t, h * d)
 
 
-def run_backend(fb, layer, qkv):
-    backend = TritonAttnBackend()
+def run_backend(fb, layer, qkv, decode_num_splits=None):
+    backend = TritonAttnBackend(decode_num_splits=decode_num_splits)
     fb.attn_backend = backend
     backend.init_forward_metadata(fb)
     assert fb.attn_metadata.is_decode == fb.forward_mode.is_decode()
@@ -181,6 +192,125 @@ def test_cuda_bf16_matches_reference(seed, decode, d):
     out = run_backend(fb, layer, qkv)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+# Split-K decode. KV lengths 1, 7, 64, 1000, 3000 (decode token included): with 8 splits the
+# short requests leave most splits empty while the long ones fill all of them.
+SPLIT_PREFIX = [0, 6, 63, 999, 2999]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+@pytest.mark.parametrize("hkv", [3, 1])  # GQA group 1 and 3
+def test_split_decode_matches_reference(num_splits, hkv):
+    fb, layer, qkv, expected = make_case(
+        num_splits, decode=True, h=3, hkv=hkv, d=16, prefix=SPLIT_PREFIX, device=DEV
+    )
+    out = run_backend(fb, layer, qkv, decode_num_splits=num_splits)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+    # one scratch per forward (shared by the layers), none for the single-stage kernel
+    want = {(3, 16, num_splits)} if num_splits > 1 else set()
+    assert set(fb.attn_metadata.decode_partials) == want
+
+
+def test_split_decode_writes_every_split():
+    # Scratch starts as NaN, so a split the kernel skipped would poison the output. KV lengths
+    # 7, 200, 1 with BLOCK_N 16 and 3 splits: chunks of 16, 80 (3 full splits), 16 tokens.
+    h, hkv, d = 2, 1, 16
+    fb, layer, (q, k, v), expected = make_case(
+        21, decode=True, h=h, hkv=hkv, d=d, prefix=[6, 199, 0], device=DEV
+    )
+    pool, r2t = fb.token_to_kv_pool, fb.req_to_token_pool.req_to_token
+    pool.set_kv_buffer(0, fb.out_cache_loc, k.view(-1, hkv, d), v.view(-1, hkv, d))
+    mid_o, mid_ml = alloc_decode_partials(3, h, d, 3, DEV)
+    mid_o.fill_(float("nan"))
+    mid_ml.fill_(float("nan"))
+    out = torch.zeros(3, h, d, device=DEV)
+    args = (q.view(3, h, d), pool.k_buffer[0], pool.v_buffer[0], out, r2t)
+    args += (fb.req_pool_indices, fb.seq_lens, d**-0.5)
+    decode_attention_fwd(*args, block_n=16, num_splits=3, partials=(mid_o, mid_ml))
+    torch.testing.assert_close(out.view(3, h * d), expected, atol=1e-4, rtol=1e-4)
+    empty = torch.tensor([[0, 1, 1], [0, 0, 0], [0, 1, 1]], dtype=torch.bool, device=DEV)
+    empty = empty[:, None, :].expand(3, h, 3)
+    assert torch.all(mid_ml[..., 0][empty] == float("-inf"))
+    assert torch.all(mid_ml[..., 1][empty] == 0) and torch.all(mid_o[empty] == 0)
+    assert torch.all(mid_ml[..., 1][~empty] >= 1)  # the max term alone contributes exp(0)
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_attention_fwd(*args, num_splits=0)
+    with pytest.raises(ValueError, match="partials"):
+        decode_attention_fwd(*args, num_splits=2, partials=(mid_o, mid_ml))
+
+
+def test_decode_num_splits_rule():
+    backend = TritonAttnBackend()
+    backend.num_sms = 132  # H200
+    assert DECODE_SPLITS == 8
+    assert backend.decode_num_splits(1, 32, 8200) == 8
+    assert backend.decode_num_splits(8, 32, 8200) == 8  # 256 programs < 2 * 132 SMs
+    assert backend.decode_num_splits(9, 32, 8200) == 1  # 288 programs fill the GPU already
+    assert backend.decode_num_splits(1, 32, 2048) == 8
+    assert backend.decode_num_splits(1, 32, 2047) == 1  # short contexts: one pass is enough
+    backend.num_sms = None  # not on CUDA
+    assert backend.decode_num_splits(1, 32, 8200) == 1
+    assert TritonAttnBackend(decode_num_splits=3).decode_num_splits(256, 64, 16) == 3
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_bf16_split_decode_matches_reference(d):
+    prefix = [3999, 0, 1499, 3999]  # KV lengths 4000, 1, 1500, 4000
+    case = dict(decode=True, h=32, hkv=8, d=d, dtype=torch.bfloat16, device="cuda")
+    fb, layer, qkv, expected = make_case(5, prefix=prefix, **case)
+    backend = TritonAttnBackend()
+    if backend.num_sms >= 64:  # the rule picks split-K for this shape (4 * 32 < 2 * SMs)
+        assert backend.decode_num_splits(4, 32, fb.req_to_token_pool.req_to_token.shape[1]) == 8
+    out = run_backend(fb, layer, qkv, decode_num_splits=8)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    fb, layer, qkv, _ = make_case(5, prefix=prefix, **case)
+    single = run_backend(fb, layer, qkv, decode_num_splits=1)
+    torch.testing.assert_close(out.float(), single.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_graph_split_decode_replays_new_lengths():
+    # Captured once with 8 splits; replays with other KV lengths (other split boundaries, more
+    # empty splits) read the same persistent metadata and scratch.
+    h, hkv, d = 32, 8, 128
+    fb, layer, (q, k, v), expected = make_case(
+        6, True, h=h, hkv=hkv, d=d, dtype=torch.bfloat16, device="cuda", prefix=[3999, 9, 2047]
+    )
+    backend = TritonAttnBackend(decode_num_splits=8)
+    fb.attn_backend = backend
+    backend.init_forward_metadata_capture_cuda_graph(fb, 1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(q, k, v, fb)  # warm-up: compiles, allocates the split scratch
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    scratch = dict(fb.attn_metadata.decode_partials)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = layer(q, k, v, fb)
+    # nothing allocated while capturing: the graph reads the warm-up's scratch
+    assert len(scratch) == 1 and fb.attn_metadata.decode_partials.keys() == scratch.keys()
+    assert all(fb.attn_metadata.decode_partials[key] is t for key, t in scratch.items())
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    new_seq = [1, 5, 1000]
+    fb.seq_lens.copy_(torch.tensor(new_seq))
+    graph.replay()
+    torch.cuda.synchronize()
+    pool, r2t = fb.token_to_kv_pool, fb.req_to_token_pool.req_to_token
+    kk, vv = pool.k_buffer[0].float(), pool.v_buffer[0].float()
+    for i, n in enumerate(new_seq):
+        slots = r2t[int(fb.req_pool_indices[i]), :n].long()
+        qi = q.view(-1, h, d)[i : i + 1].float()
+        want = attention_reference(qi, kk[slots], vv[slots], d**-0.5, n - 1)
+        torch.testing.assert_close(out[i].float(), want.reshape(-1), atol=2e-2, rtol=2e-2)
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7], [100, 200, 300, 400, 500, 600, 700], [42]]

@@ -4,18 +4,27 @@ Reads K/V through the paged req_to_token table (page size 1). Same semantics as
 torch_native_backend.attention_reference: request i's queries sit at positions
 [extend_prefix_lens[i], seq_lens[i]) and each attends causally to its request's keys.
 On CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1, slow; tests).
+
+Split-K decode (TritonAttnBackend.decode_num_splits): a decode step over bs requests with H
+query heads uses DECODE_SPLITS (8) KV splits per (request, head) when the KV pool's
+req_to_token rows hold at least SPLIT_MIN_CONTEXT (2048) tokens and bs * H < 2 * (number of
+SMs), else 1. All inputs are static per CUDA graph (bs is the graph's batch bucket, the row
+width is the model's context length + 8), never the step's actual lengths. Off on CPU.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+from sglang.srt.layers.attention.triton_ops.decode_attention import (
+    alloc_decode_partials,
+    decode_attention_fwd,
+)
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
 if TYPE_CHECKING:
@@ -36,6 +45,12 @@ class TritonMetadata:
     extend_start: torch.Tensor  # [bs], offset of request i's first query token
     max_extend_len: int
     is_decode: bool  # every request has exactly one query
+    # split-K decode scratch, allocated by the first decode layer of the forward and shared by
+    # all layers (they run one after another); keyed (H, D, num_splits). Under CUDA graphs it
+    # is allocated in the warm-up runs and persists with this metadata, so replays reuse it.
+    decode_partials: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict
+    )
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -47,14 +62,21 @@ def check_head_dim(head_dim: int) -> None:
         )
 
 
-class TritonAttnBackend(AttentionBackend):
-    """Attention through triton_ops kernels; one kernel launch per layer, no per-request loops.
+DECODE_SPLITS = 8  # KV splits per (request, head) when split-K decode is on
+SPLIT_MIN_CONTEXT = 2048  # split only when requests can be this long (req_to_token width)
 
+
+class TritonAttnBackend(AttentionBackend):
+    """Attention through triton_ops kernels; one kernel launch per layer (two for split-K
+    decode), no per-request loops.
+
+    decode_num_splits: force the decode split count (tests); None applies the module's rule.
     Raises ValueError on a CPU model runner unless TRITON_INTERPRET=1 is set.
     """
 
-    def __init__(self, model_runner=None) -> None:
+    def __init__(self, model_runner=None, decode_num_splits: int | None = None) -> None:
         self.model_runner = model_runner
+        self.forced_decode_splits = decode_num_splits
         device = getattr(model_runner, "device", None)
         if device is not None and torch.device(device).type != "cuda":
             if os.environ.get("TRITON_INTERPRET") != "1":
@@ -62,6 +84,22 @@ class TritonAttnBackend(AttentionBackend):
                     "--attention-backend triton needs a CUDA device; on CPU it runs only under "
                     "the Triton interpreter (set TRITON_INTERPRET=1, slow: for tests)"
                 )
+        if device is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.num_sms: int | None = None  # None: not on CUDA, split-K off
+        if device is not None and torch.device(device).type == "cuda":
+            self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def decode_num_splits(self, bs: int, num_heads: int, max_context_len: int) -> int:
+        """KV splits for a decode step of bs requests and num_heads query heads over a
+        req_to_token of max_context_len columns: the forced value if given, else DECODE_SPLITS
+        when max_context_len >= SPLIT_MIN_CONTEXT and bs * num_heads < 2 * SMs, else 1.
+        Depends only on static shapes, so it is fixed per CUDA graph."""
+        if self.forced_decode_splits is not None:
+            return self.forced_decode_splits
+        if self.num_sms is None or max_context_len < SPLIT_MIN_CONTEXT:
+            return 1
+        return DECODE_SPLITS if bs * num_heads < 2 * self.num_sms else 1
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
@@ -124,8 +162,25 @@ class TritonAttnBackend(AttentionBackend):
         m: TritonMetadata = forward_batch.attn_metadata
         r2t = forward_batch.req_to_token_pool.req_to_token
         if m.is_decode:
+            bs = q.shape[0]
+            splits = self.decode_num_splits(bs, h, r2t.shape[1])
+            partials = None
+            if splits > 1:
+                partials = m.decode_partials.get((h, d, splits))
+                if partials is None:
+                    partials = alloc_decode_partials(bs, h, d, splits, q.device)
+                    m.decode_partials[(h, d, splits)] = partials
             decode_attention_fwd(
-                q, k_buf, v_buf, out, r2t, m.req_pool_indices, m.seq_lens, layer.scaling
+                q,
+                k_buf,
+                v_buf,
+                out,
+                r2t,
+                m.req_pool_indices,
+                m.seq_lens,
+                layer.scaling,
+                num_splits=splits,
+                partials=partials,
             )
         else:
             extend_attention_fwd(
