@@ -157,11 +157,9 @@ class BatchBuilder:
         s = self.s
         slots = s.kv.alloc_tokens(sum(extend_lens))
         assert slots is not None, "admission checked the KV budget"
-        offset = 0
+        s.kv.assign_slots_many(reqs, [r.kv_len for r in reqs], list(extend_lens), slots)
         for req, n in zip(reqs, extend_lens, strict=True):
-            s.kv.assign_slots(req, req.kv_len, slots[offset : offset + n])
             req.extend_input_len = n
-            offset += n
         final = [r.kv_len + n == r.seqlen for r, n in zip(reqs, extend_lens, strict=True)]
         return ScheduleBatch(
             reqs=reqs,
@@ -209,12 +207,10 @@ class BatchBuilder:
         else:
             s.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, s.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         slots = s.kv.alloc_tokens(len(reqs) + sum(lens))
-        offset = 0
+        s.kv.assign_slots_many(reqs, [next_kv_start(r) for r in reqs], [1 + d for d in lens], slots)
         for req, d in zip(reqs, lens, strict=True):
-            s.kv.assign_slots(req, next_kv_start(req), slots[offset : offset + 1 + d])
             req.extend_input_len = 1 + d
             req.draft_len = d
-            offset += 1 + d
         mode = ForwardMode.TARGET_VERIFY if any(lens) else ForwardMode.DECODE
         return ScheduleBatch(
             reqs=reqs,

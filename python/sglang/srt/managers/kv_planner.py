@@ -40,6 +40,11 @@ class KVPlanner:
         """Record that tokens [start, start + len(slots)) of req live in `slots`."""
         self.req_to_token_pool.write(req.req_pool_idx, start, slots)
 
+    def assign_slots_many(self, reqs: list[Req], starts: list[int], lens: list[int], slots):
+        """assign_slots for several requests at once: request i's tokens [starts[i],
+        starts[i] + lens[i]) live in the i-th run of `slots` ([sum(lens)] int64)."""
+        self.req_to_token_pool.write_many([r.req_pool_idx for r in reqs], starts, lens, slots)
+
     def req_slots(self, req: Req, start: int, end: int) -> torch.Tensor:
         """KV slots ([end - start] int64 CPU) of tokens [start, end) of req."""
         return self.req_to_token_pool.read(req.req_pool_idx, start, end)

@@ -7,6 +7,7 @@ can write there harmlessly.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -49,6 +50,30 @@ class ReqToTokenPool:
         self.req_to_token[slot, start:end] = locs.to(self.req_to_token.device, torch.int32)
         if self.req_to_token_cpu is not self.req_to_token:
             self.req_to_token_cpu[slot, start:end] = locs.to("cpu", torch.int32)
+
+    def write_many(
+        self, slots: list[int], starts: list[int], lens: list[int], locs: torch.Tensor
+    ) -> None:
+        """For each i: req_to_token[slots[i], starts[i]:starts[i]+lens[i]] = the i-th run of
+        locs ([sum(lens)] int64, runs in order). One indexed write per table (and one
+        host-to-device copy) instead of one per request."""
+        total = int(locs.numel())
+        if total == 0:
+            return
+        n = np.asarray(lens, dtype=np.int64)
+        rows = np.repeat(np.asarray(slots, dtype=np.int64), n)
+        offset = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n), n)
+        cols = np.arange(total, dtype=np.int64) + offset
+        idx = torch.from_numpy(np.stack([rows, cols]))  # [2, total] int64
+        vals = locs.to("cpu", torch.int32).view(-1)
+        if self.req_to_token_cpu is not self.req_to_token:
+            self.req_to_token_cpu[idx[0], idx[1]] = vals
+            packed = torch.cat([idx, vals.to(torch.int64).view(1, -1)]).to(
+                self.req_to_token.device
+            )  # one host-to-device copy: rows, cols, values
+            self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
+        else:
+            self.req_to_token[idx[0], idx[1]] = vals
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU."""
