@@ -354,3 +354,22 @@ def test_allocator_stack_order_reuse_and_double_free():
         a.free(torch.tensor([1, 2, 3, 4]))
     a.clear()
     assert a.available_size() == 8 and sorted(a.free_slots.tolist()) == list(range(1, 9))
+
+
+def test_req_to_token_write_many_equals_one_write_per_request():
+    a, b = ReqToTokenPool(4, 16, "cpu"), ReqToTokenPool(4, 16, "cpu")
+    rows, starts, lens = [2, 0, 3], [5, 0, 9], [3, 1, 4]
+    locs = torch.arange(100, 108, dtype=torch.int64)
+    b.write_many(rows, starts, lens, locs)
+    off = 0
+    for r, s0, n in zip(rows, starts, lens, strict=True):
+        a.write(r, s0, locs[off : off + n])
+        off += n
+    assert torch.equal(a.req_to_token, b.req_to_token)
+    assert b.read(2, 5, 8).tolist() == [100, 101, 102] and b.read(3, 9, 13).tolist() == [
+        104,
+        105,
+        106,
+        107,
+    ]
+    b.write_many([], [], [], torch.empty(0, dtype=torch.int64))  # nothing to write
