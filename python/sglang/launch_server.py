@@ -23,6 +23,14 @@ def main(argv: list[str] | None = None) -> None:
         launch_server(server_args)
     except KeyboardInterrupt:
         pass
+    except ValueError as e:  # a bad flag or combination: one line, no traceback
+        logging.getLogger("sglang.launch_server").error("%s", e)
+        sys.exit(2)
+    except RuntimeError as e:
+        if not str(e).startswith("failed to start"):
+            raise
+        logging.getLogger("sglang.launch_server").error("%s", e)  # the scheduler's own error
+        sys.exit(1)
     finally:
         stop_processes([])  # anything a child left behind
 

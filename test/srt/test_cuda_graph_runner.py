@@ -29,6 +29,9 @@ def test_graph_batch_sizes_and_pick():
     assert graph_batch_sizes(None, 16, 1024) == [1, 2, 4, 8, 16]
     assert graph_batch_sizes(None, None, 20) == [1, 2, 4, 8, 16, 20]
     assert graph_batch_sizes([3, 1, 8], None, 1024) == [1, 3, 8]
+    assert graph_batch_sizes([300], None, 1024) == [300]  # the list sets the cap
+    assert graph_batch_sizes([512], None, 256) == [256]  # never empty
+    assert graph_batch_sizes([4, 300], 8, 1024) == [4]
 
     class _Stub(CudaGraphRunner):
         def __init__(self, sizes, ext):  # bucket logic only
@@ -220,3 +223,16 @@ def test_draft_decode_padded_equals_eager_cpu(tiny_model_dir, tmp_path):
 @gpu
 def test_draft_decode_cuda_graph_equals_eager(tiny_model_dir, tmp_path):
     check_draft_padded_equals_eager(tiny_model_dir, tmp_path, "cuda", use_graphs=True)
+
+
+def test_fast_path_flag_validation(tiny_model_dir):
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.server_args_resolve import resolve_server_args
+
+    for kw, flag in [
+        ({"cuda_graph_max_bs": 0}, "--cuda-graph-max-bs"),
+        ({"cuda_graph_bs": [0, 4]}, "--cuda-graph-bs"),
+        ({"attention_backend": "flashinfer", "device": "cpu"}, "torch_native"),
+    ]:
+        with pytest.raises(ValueError, match=flag):
+            resolve_server_args(ServerArgs(model_path=tiny_model_dir, **kw))

@@ -131,6 +131,31 @@ def test_stop_string_spanning_tokens(engine, reference):
     assert kept["text"].startswith(out["text"] + stop)
 
 
+def test_streamed_text_never_contains_a_trimmed_stop_prefix(engine, reference):
+    """A streamed request's text only grows, and never sends the start of a stop string that
+    the finish then trims (the stream ends equal to the non-streamed text)."""
+    tok = engine.tokenizer_manager.tokenizer
+    ids = reference[2]
+    full = tok.decode(ids)
+    t3, t4 = tok.decode(ids[:4]), tok.decode(ids[:5])
+    stop = full[len(t3) - 1 : len(t4)]  # last char of token 3 .. all of token 4 (several chars)
+    params = {**GREEDY, "stop": [stop]}
+    plain = engine.generate(PROMPTS[2], params)
+    texts = [c["text"] for c in engine.generate(PROMPTS[2], params, stream=True)]
+    assert texts[-1] == plain["text"] == full[: full.index(stop)]
+    for a, b in zip(texts, texts[1:], strict=False):
+        assert b.startswith(a)  # cumulative text never takes back what was sent
+
+
+def test_stop_prefix_holdback():
+    from sglang.srt.managers.scheduler_output_processor import stop_prefix_holdback
+
+    assert stop_prefix_holdback("1, 2, 3, 4, 5, 6", ["6, 7"]) == 1
+    assert stop_prefix_holdback("1, 2, 3, 4, 5, 6,", ["6, 7"]) == 2
+    assert stop_prefix_holdback("abc", ["xyz", "cde", "bcd"]) == 2
+    assert stop_prefix_holdback("abc", ["q"]) == 0
+
+
 def test_stop_token_ids_and_min_new_tokens(engine, reference):
     ids = reference[0]
     k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # first new token

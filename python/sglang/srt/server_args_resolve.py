@@ -52,6 +52,14 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         a.disable_overlap_schedule = a.device != "cuda"
     if a.cuda_graph_bs is not None and (not a.cuda_graph_bs or min(a.cuda_graph_bs) < 1):
         raise ValueError(f"--cuda-graph-bs needs positive batch sizes, got {a.cuda_graph_bs}")
+    if a.cuda_graph_max_bs is not None and a.cuda_graph_max_bs < 1:
+        raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {a.cuda_graph_max_bs}")
+    if a.attention_backend in ("flashinfer", "triton") and a.device != "cuda":
+        if a.attention_backend == "flashinfer" or os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"--attention-backend {a.attention_backend} needs a CUDA device; on CPU use "
+                "--attention-backend torch_native (the default there)"
+            )
     return a
 
 

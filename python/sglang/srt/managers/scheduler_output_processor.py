@@ -228,7 +228,11 @@ class OutputProcessor:
         req.sent_output_len = len(req.output_ids)
         out.rids.append(req.rid)
         text = req.detok.text
-        out.text.append(text if req.text_limit is None else text[: req.text_limit])
+        if req.text_limit is not None:
+            text = text[: req.text_limit]
+        elif not req.finished() and req.sampling_params.stop_strs:
+            text = text[: len(text) - stop_prefix_holdback(text, req.sampling_params.stop_strs)]
+        out.text.append(text)
         out.output_ids_delta.append(new_ids)
         out.finished_reason.append(req.finished_reason.to_json() if req.finished() else None)
         out.meta.append(
@@ -283,3 +287,16 @@ def subset_step(
         spec=spec,
     )
     return sub, res
+
+
+def stop_prefix_holdback(text: str, stop_strs: list[str]) -> int:
+    """Characters at the end of `text` that could begin a stop string (the longest suffix of
+    text that is a proper prefix of one of stop_strs). A running request's streamed text stops
+    before them, so text that a later stop trims is never sent (upstream does the same)."""
+    hold = 0
+    for s in stop_strs:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold

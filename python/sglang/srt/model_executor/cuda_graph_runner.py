@@ -41,11 +41,13 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 256
 def graph_batch_sizes(
     cuda_graph_bs: list[int] | None, cuda_graph_max_bs: int | None, max_running_requests: int
 ) -> list[int]:
-    """Sorted bs buckets: --cuda-graph-bs (or the default list) cut at --cuda-graph-max-bs and at
-    --max-running-requests (which is then always a bucket itself when smaller)."""
-    max_bs = min(cuda_graph_max_bs or DEFAULT_CUDA_GRAPH_MAX_BS, max_running_requests)
+    """Sorted bs buckets: --cuda-graph-bs (or the default list) cut at --cuda-graph-max-bs
+    (default: the largest of --cuda-graph-bs, else 256) and at --max-running-requests; with the
+    default list the cut itself is a bucket. Never empty."""
+    cap = cuda_graph_max_bs or (max(cuda_graph_bs) if cuda_graph_bs else DEFAULT_CUDA_GRAPH_MAX_BS)
+    max_bs = min(cap, max_running_requests)
     sizes = sorted({b for b in (cuda_graph_bs or DEFAULT_CUDA_GRAPH_BS) if b <= max_bs})
-    if cuda_graph_bs is None and (not sizes or sizes[-1] < max_bs):
+    if not sizes or (cuda_graph_bs is None and sizes[-1] < max_bs):
         sizes.append(max_bs)
     return sizes
 

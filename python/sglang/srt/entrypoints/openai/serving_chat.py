@@ -121,6 +121,13 @@ class OpenAIServingChat:
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0,
         )
         rf = req.response_format or {}
+        if rf.get("type") not in (None, "text", "json_schema"):
+            raise OpenAIError(
+                f"response_format type {rf.get('type')!r} is not supported yet",
+                param="response_format",
+            )
+        if req.tools:
+            raise OpenAIError("tools (function calling) are not supported yet", param="tools")
         if rf.get("type") == "json_schema" and obj.sampling_params.get("json_schema") is None:
             schema = (rf.get("json_schema") or {}).get("schema", {})
             obj.sampling_params["json_schema"] = json.dumps(schema)
