@@ -15,7 +15,7 @@
 #
 # Knobs (env): TAG (file suffix, default h200), PART_BUDGET_S (default 550: the part stops
 # starting work after this), SWEEP_BUDGET_S (per server configuration; B 85, C 88),
-# ROOF_TIMEOUT_S (200), VSHF_TIMEOUT_S (200), SERVER_ARGS (extra launch_server flags for the
+# ROOF_TIMEOUT_S (200), VSHF_TIMEOUT_S (240), SERVER_ARGS (extra launch_server flags for the
 # sweeps, e.g. "--attention-backend triton"), ENGINE_ARGS (extra flags for roofline / vs_hf),
 # SWEEP_EXTRA (extra sweep_serving.py flags, e.g. "--concurrency 1 4 16 --output-len 64").
 set -uo pipefail
