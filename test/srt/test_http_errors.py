@@ -137,6 +137,9 @@ def test_validation_error_names_param(server):
     assert err["param"] == "top_p" and err["type"] == "invalid_request_error"
     err = _assert_openai_error(_send(server, CHAT, chat(model="nope")), 404, "nope")
     assert err["param"] == "model" and err["code"] == "model_not_found"
+    # engine errors that quote the bad value still name the parameter, not the value
+    err = _assert_openai_error(_send(server, COMP, comp(logit_bias={"abc": 5})), 400, "abc")
+    assert err["param"] == "logit_bias"
 
 
 def test_api_key(server):

@@ -85,12 +85,34 @@ def from_engine_exception(e: BaseException) -> OpenAIError:
     if type(e).__name__ == "QueueFullError":
         return OpenAIError(str(e) or "the request queue is full", 503, code="queue_full")
     if isinstance(e, (ValueError, TypeError)):
-        quoted = _QUOTED_NAME.search(str(e))  # the engine quotes the parameter: 'top_p' ...
-        return OpenAIError(str(e), 400, param=quoted.group(1) if quoted else None)
+        return OpenAIError(str(e), 400, param=param_named_in(str(e)))
     raise e
 
 
-_QUOTED_NAME = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Request fields an engine error can name (OpenAI names and the engine's sampling parameters).
+_REQUEST_FIELDS = {
+    "max_tokens", "max_completion_tokens", "messages", "prompt", "model", "n", "logprobs",
+    "top_logprobs", "stop", "logit_bias", "stream", "seed", "input_ids", "text", "echo",
+    "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+}  # fmt: skip
+
+
+def param_named_in(message: str) -> str | None:
+    """The first request field (OpenAI field or SamplingParams attribute) named in an engine
+    error message, or None: engine messages name the parameter but may also quote the bad value
+    (e.g. "sampling parameter temperature must be a number, got str 'hot'")."""
+    import dataclasses
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    known = _REQUEST_FIELDS | {f.name for f in dataclasses.fields(SamplingParams)}
+    for word in _WORD.findall(message):
+        if word in known:
+            return word
+    return None
+
+
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "literal"}
 
 
