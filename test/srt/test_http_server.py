@@ -22,6 +22,7 @@ import aiohttp
 import psutil
 import pytest
 import requests
+import torch
 
 READY = "The server is fired up and ready to roll!"
 
@@ -132,6 +133,9 @@ def test_info_endpoints(server, tiny_model_dir):
     assert [m["id"] for m in models["data"]] == [info["served_model_name"]]
     state = server.internal_state()
     assert state["kv_pool_size"] > 0 and state["num_running_reqs"] == 0
+    cuda = torch.cuda.is_available()  # what the defaults resolved to on this machine
+    assert state["attention_backend"] in (("flashinfer", "triton") if cuda else ("torch_native",))
+    assert state["overlap_schedule"] is cuda and (state["cuda_graph_bs"] != []) is cuda
     assert server.get("/health_generate").status_code == 200
     assert server.get("/flush_cache").status_code == 200
     assert server.post("/flush_cache", {}).status_code == 200

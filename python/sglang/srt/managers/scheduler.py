@@ -298,8 +298,19 @@ class Scheduler:
             "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),
             "num_waiting_reqs": len(self.waiting_queue),
             "new_token_ratio": self.new_token_ratio,
+            **self.runtime_config(),
             **self.stats,
             **(self.spec.server_info() if self.spec is not None else {}),
+        }
+
+    def runtime_config(self) -> dict:
+        """What the flags resolved to on this machine (the flags themselves may say None)."""
+        runner = self.tp_worker.model_runner
+        graphs = runner.cuda_graph_runner
+        return {
+            "attention_backend": runner.attention_backend_name,
+            "cuda_graph_bs": list(graphs.batch_sizes) if graphs is not None else [],
+            "overlap_schedule": self.enable_overlap,
         }
 
     def is_idle(self) -> bool:
