@@ -57,6 +57,8 @@ CASES = [
     (CHAT, chat(stream=[1]), 400, "stream"),
     (CHAT, chat(model="gpt-17"), 404, "gpt-17"),
     (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (COMP, comp(best_of=3), 400, "best_of"),
+    (COMP, comp(suffix="end"), 400, "suffix"),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
     (CHAT, chat(messages=[{"role": "user", "content": LONG_TEXT}]), 400, "context length"),
     (
