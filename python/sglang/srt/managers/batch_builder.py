@@ -166,6 +166,7 @@ class BatchBuilder:
             forward_mode=ForwardMode.EXTEND,
             is_final_chunk=final,
             extend_lens=list(extend_lens),
+            out_cache_loc=slots,
         )
 
     def get_decode_batch(self) -> ScheduleBatch | None:
@@ -217,6 +218,7 @@ class BatchBuilder:
             forward_mode=mode,
             is_final_chunk=[True] * len(reqs),
             extend_lens=[1 + d for d in lens],
+            out_cache_loc=slots,
         )
 
     # ---------------------------------------------------------------- plan
@@ -228,12 +230,12 @@ class BatchBuilder:
         targets: list[list[int]] = []
         for req, final in zip(batch.reqs, batch.is_final_chunk, strict=True):
             start, n = next_kv_start(req), req.extend_input_len
-            fill = req.fill_ids
-            ids = fill[start : start + n]
-            if req.inflight_tokens and len(ids) < n and start + len(ids) == len(fill):
+            ids = req.fill_ids_slice(start, start + n)
+            if req.inflight_tokens and len(ids) < n and start + len(ids) == req.seqlen:
                 ids.append(future_placeholder(req.req_pool_idx))  # the in-flight token
             input_ids.extend(ids + [0] * (n - len(ids)))  # draft tokens are filled by the worker
-            slots.append(s.kv.req_slots(req, start, start + n))
+            if batch.out_cache_loc is None:
+                slots.append(s.kv.req_slots(req, start, start + n))
             if batch.forward_mode == ForwardMode.EXTEND:
                 tgt = self.input_logprob_targets(req, start, n, final)
                 num_rows.append(len(tgt) + (1 if final else 0))
@@ -246,7 +248,7 @@ class BatchBuilder:
         mwb = ModelWorkerBatch(
             forward_mode=batch.forward_mode,
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            out_cache_loc=torch.cat(slots),
+            out_cache_loc=torch.cat(slots) if batch.out_cache_loc is None else batch.out_cache_loc,
             req_pool_indices=[r.req_pool_idx for r in batch.reqs],
             seq_lens=[next_kv_start(r) + r.extend_input_len for r in batch.reqs],
             extend_prefix_lens=[next_kv_start(r) for r in batch.reqs],

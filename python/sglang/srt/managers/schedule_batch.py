@@ -108,6 +108,15 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
 
+    def fill_ids_slice(self, start: int, end: int) -> list[int]:
+        """fill_ids[start:end] without building the whole list (hot path: every step)."""
+        o = len(self.origin_input_ids)
+        if end <= o:
+            return self.origin_input_ids[start:end]
+        if start >= o:
+            return self.output_ids[start - o : end - o]
+        return self.origin_input_ids[start:] + self.output_ids[: end - o]
+
     @property
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
@@ -199,6 +208,9 @@ class ScheduleBatch:
     # [bs] tokens each request computes this step (snapshot of extend_input_len at launch: with
     # overlap scheduling the next step's plan overwrites Req.extend_input_len before commit)
     extend_lens: list[int] = field(default_factory=list)
+    # [sum(extend_lens)] int64 CPU: the KV slots allocated for this step, request runs in order
+    # (set by the planner; None: read them back from req_to_token)
+    out_cache_loc: torch.Tensor | None = None
 
     def is_empty(self) -> bool:
         return len(self.reqs) == 0
