@@ -336,4 +336,7 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
         pipe.send({"status": "error", "error": f"{type(e).__name__}: {e}"})
         return
     pipe.send({"status": "ready", "max_total_num_tokens": scheduler.max_total_num_tokens})
-    scheduler.event_loop()
+    try:
+        scheduler.event_loop()
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: exit quietly
+        pass
