@@ -60,7 +60,10 @@ class TpModelWorker:
         next_lps: list[float | None] = [None] * bs
         next_tops: list[list[tuple[float, int]] | None] = [None] * bs
         if sampled_idx:
-            rows = torch.tensor([row_end[i] - 1 for i in sampled_idx], device=logits.device)
+            if len(sampled_idx) == logits.shape[0]:  # decode: every row is a sampled row
+                rows = slice(None)
+            else:
+                rows = torch.tensor([row_end[i] - 1 for i in sampled_idx], device=logits.device)
             top_nums = [
                 mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0 for i in sampled_idx
             ]
