@@ -37,6 +37,8 @@ left() { echo $((PART_BUDGET_S - ($(date +%s) - T0))); }
 preflight() {
   # FlashInfer JIT cache of an earlier run (scripts/gpu_validate.sh packs it), if carried
   [ -f .device/fi_cache.tgz ] && mkdir -p ~/.cache && tar xzf .device/fi_cache.tgz -C ~/.cache
+  # and Triton's compiled kernels (scripts/gpu_validate.sh packs them as triton_cache.tgz)
+  [ -f .device/triton_cache.tgz ] && mkdir -p ~/.triton && tar xzf .device/triton_cache.tgz -C ~/.triton
   nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv || true
   $PY -c "from sglang.srt.model_loader.bundled import bundled_gguf_path as p; print(p())" || {
     echo "the bundled GGUF is not staged (see scripts/gpu_run_tests.sh)"; return 1; }
