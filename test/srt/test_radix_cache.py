@@ -373,3 +373,9 @@ def test_req_to_token_write_many_equals_one_write_per_request():
         107,
     ]
     b.write_many([], [], [], torch.empty(0, dtype=torch.int64))  # nothing to write
+    # the device-table path (table and CPU mirror are different tensors, as on CUDA)
+    c = ReqToTokenPool(4, 16, "cpu")
+    c.req_to_token = c.req_to_token.clone()
+    c.write_many(rows, starts, lens, locs)
+    assert torch.equal(c.req_to_token, a.req_to_token)
+    assert torch.equal(c.req_to_token_cpu, a.req_to_token)
