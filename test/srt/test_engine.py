@@ -51,7 +51,10 @@ def test_single_request_counts(engine):
     assert meta["finish_reason"] == {"type": "length", "matched": None}
     assert meta["prompt_tokens"] == len(engine.tokenizer_manager.tokenizer.encode(PROMPTS[0]))
     assert isinstance(out["text"], str) and out["text"]
-    assert_no_kv_leak(engine)
+    info = assert_no_kv_leak(engine)
+    # same shape as GET /get_server_info: server args + "internal_states", plus flat state keys
+    assert info["internal_states"][0]["kv_pool_size"] == info["kv_pool_size"] > 0
+    assert info["internal_states"][0]["attention_backend"] == info["attention_backend"]
 
 
 def test_concurrent_equals_sequential(engine, reference):

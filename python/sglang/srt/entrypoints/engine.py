@@ -128,8 +128,11 @@ class Engine:
                 return
 
     def get_server_info(self) -> dict:
+        """The resolved server arguments and the scheduler's state, both at the top level and
+        (as GET /get_server_info returns it) under "internal_states"."""
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
-        return {**dataclasses.asdict(self.server_args), **state}
+        info = {k: v for k, v in dataclasses.asdict(self.server_args).items() if k != "api_key"}
+        return {**info, **state, "internal_states": [state]}
 
     def flush_cache(self) -> bool:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
