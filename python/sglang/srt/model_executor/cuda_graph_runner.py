@@ -52,7 +52,7 @@ def graph_batch_sizes(
     return sizes
 
 
-@dataclass
+@dataclass(frozen=True)
 class GraphKey:
     bs: int  # requests in the graph (real + pad)
     num_tokens: int  # token rows in the graph (= logits rows)
@@ -118,11 +118,9 @@ class CudaGraphRunner:
         self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
         if use_graphs:
             self.backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], LogitsProcessorOutput] = {}
-        self.batches: dict[tuple[int, int], ForwardBatch] = {}
-        for key in self.keys:
-            self.batches[(key.bs, key.num_tokens)] = self._static_batch(key)
+        self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[GraphKey, LogitsProcessorOutput] = {}
+        self.batches = {key: self._static_batch(key) for key in self.keys}
         if use_graphs:
             self.capture()
 
@@ -199,9 +197,9 @@ class CudaGraphRunner:
         positions = np.arange(used, dtype=np.int64) - np.repeat(starts - pre, ext)
 
         def put(k: int, values, count: int, fill: int = 0) -> None:
-            off = k * inp.B if k < 5 else 5 * inp.B + (k - 5) * inp.N
-            h[off : off + len(values)] = values
-            h[off + len(values) : off + count] = fill
+            region = inp.region(h, k, count)
+            region[: len(values)] = values
+            region[len(values) :] = fill
 
         put(0, list(req_pool_indices) + [0] * pad, b)
         put(1, seq, b)
@@ -211,10 +209,9 @@ class CudaGraphRunner:
         put(5, input_ids.numpy(), n)
         put(6, positions, n)
         put(7, out_cache_loc.numpy(), n)
-        # Copy only the used prefix of each region, in one transfer of the whole buffer
-        # head (regions are small; the buffer is max_bs * 5 + max_tokens * 3 int64).
+        # One transfer of the whole packed buffer (max_bs * 5 + max_tokens * 3 int64: small).
         inp.dev.copy_(inp.host, non_blocking=True)
-        fb = self.batches[(b, n)]
+        fb = self.batches[key]
         fb.seq_lens_cpu = seq.tolist()
         fb.extend_seq_lens_cpu = ext.tolist()
         fb.extend_prefix_lens_cpu = pre.tolist()
@@ -252,8 +249,8 @@ class CudaGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 out = self._run_model(fb)
-            self.graphs[(key.bs, key.num_tokens)] = graph
-            self.outputs[(key.bs, key.num_tokens)] = out
+            self.graphs[key] = graph
+            self.outputs[key] = out
         torch.cuda.synchronize(self.device)
         logger.info(
             "Captured %d CUDA graphs (bs %s, up to %d tokens per request) in %.1f s",
@@ -264,6 +261,17 @@ class CudaGraphRunner:
         )
 
     # ------------------------------------------------------------------ replay
+    def _execute(self, key: GraphKey, fb: ForwardBatch):
+        """Run the filled static batch of `key`: replay its graph, or (use_graphs False) run it
+        eagerly over the same padded buffers (CPU tests, debugging). Returns the model output,
+        which a replay overwrites next time: copy what must outlive it."""
+        if not self.use_graphs:
+            self.backend.init_forward_metadata(fb)
+            return self._run_model(fb)
+        self.backend.init_forward_metadata_replay_cuda_graph(fb, key.max_extend_len)
+        self.graphs[key].replay()
+        return self.outputs[key]
+
     def replay(self, mwb: ModelWorkerBatch) -> LogitsProcessorOutput:
         """Run mwb (can_run must be true) through its graph; returns logits [T, V] float32 and
         (capture LAST) hidden states [T, H'] of its T tokens, as fresh tensors."""
@@ -277,13 +285,7 @@ class CudaGraphRunner:
             mwb.input_ids.to(torch.int64),
             mwb.out_cache_loc.to(torch.int64),
         )
-        if self.use_graphs:
-            self.backend.init_forward_metadata_replay_cuda_graph(fb, key.max_extend_len)
-            self.graphs[(key.bs, key.num_tokens)].replay()
-            out = self.outputs[(key.bs, key.num_tokens)]
-        else:  # eager over the same padded buffers (CPU tests, debugging)
-            self.backend.init_forward_metadata(fb)
-            out = self._run_model(fb)
+        out = self._execute(key, fb)
         hidden = out.hidden_states
         return LogitsProcessorOutput(
             next_token_logits=out.next_token_logits[:t].clone(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, GraphKey
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
 
 
@@ -46,7 +46,7 @@ class DraftDecodeGraphRunner(CudaGraphRunner):
         """One draft step for m rows (can_run_decode(m) must hold). Returns fresh tensors
         (logits [m, draft_vocab] float32, hidden [m, draft hidden])."""
         m = len(positions)
-        key: GraphKey = self.pick(m, m)
+        key = self.pick(m, m)
         fb = self._fill(
             key,
             req_pool_indices,
@@ -57,11 +57,5 @@ class DraftDecodeGraphRunner(CudaGraphRunner):
         )
         fb.input_ids[:m].copy_(input_ids, non_blocking=True)  # after the packed copy
         self.hidden[:m].copy_(hidden, non_blocking=True)
-        if self.use_graphs:
-            self.backend.init_forward_metadata_replay_cuda_graph(fb, 1)
-            self.graphs[(key.bs, key.num_tokens)].replay()
-            out = self.outputs[(key.bs, key.num_tokens)]
-        else:
-            self.backend.init_forward_metadata(fb)
-            out = self._run_model(fb)
+        out = self._execute(key, fb)
         return out.logits[:m].clone(), out.hidden_states[:m].clone()
