@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 class TritonMetadata:
     """Per-forward index tensors shared by every layer (all on the model's device)."""
 
-    # Any integer dtype (the kernels cast on load): int32 copies when eager, the CUDA-graph
-    # runner's persistent int64 buffers when captured.
+    # The ForwardBatch's own int64 tensors (the kernels cast on load); under CUDA graphs the
+    # runner's persistent buffers.
     req_pool_indices: torch.Tensor  # [bs] int64, row of req_to_token per request
     seq_lens: torch.Tensor  # [bs], KV length after this step
     prefix_lens: torch.Tensor  # [bs], KV already cached before this step
@@ -101,19 +101,24 @@ class TritonAttnBackend(AttentionBackend):
             return 1
         return DECODE_SPLITS if bs * num_heads < 2 * self.num_sms else 1
 
-    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        fb = forward_batch
-        ext_cpu = fb.extend_seq_lens_cpu
-        max_ext = max(ext_cpu) if ext_cpu else 0
-        fb.attn_metadata = TritonMetadata(
-            req_pool_indices=fb.req_pool_indices.to(torch.int64),
-            seq_lens=fb.seq_lens.to(torch.int32),
-            prefix_lens=fb.extend_prefix_lens.to(torch.int32),
-            extend_lens=fb.extend_seq_lens.to(torch.int32),
-            extend_start=fb.extend_start_loc.to(torch.int32),
-            max_extend_len=max_ext,
-            is_decode=bool(ext_cpu) and max_ext == 1 and min(ext_cpu) == 1,
+    @staticmethod
+    def _metadata(fb: ForwardBatch, max_extend_len: int, is_decode: bool) -> TritonMetadata:
+        """Metadata over fb's own index tensors (the kernels cast them on load)."""
+        return TritonMetadata(
+            req_pool_indices=fb.req_pool_indices,
+            seq_lens=fb.seq_lens,
+            prefix_lens=fb.extend_prefix_lens,
+            extend_lens=fb.extend_seq_lens,
+            extend_start=fb.extend_start_loc,
+            max_extend_len=max_extend_len,
+            is_decode=is_decode,
         )
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        ext_cpu = forward_batch.extend_seq_lens_cpu
+        max_ext = max(ext_cpu) if ext_cpu else 0
+        is_decode = bool(ext_cpu) and max_ext == 1 and min(ext_cpu) == 1
+        forward_batch.attn_metadata = self._metadata(forward_batch, max_ext, is_decode)
 
     # ---- CUDA graphs: the metadata points at the runner's persistent buffers, which it
     # refreshes before each replay; nothing to recompute here.
@@ -123,15 +128,7 @@ class TritonAttnBackend(AttentionBackend):
         self, forward_batch: ForwardBatch, max_extend_len: int
     ) -> None:
         fb = forward_batch
-        fb.attn_metadata = TritonMetadata(
-            req_pool_indices=fb.req_pool_indices,
-            seq_lens=fb.seq_lens,
-            prefix_lens=fb.extend_prefix_lens,
-            extend_lens=fb.extend_seq_lens,
-            extend_start=fb.extend_start_loc,
-            max_extend_len=max_extend_len,
-            is_decode=fb.num_tokens == fb.batch_size,
-        )
+        fb.attn_metadata = self._metadata(fb, max_extend_len, fb.num_tokens == fb.batch_size)
 
     def init_forward_metadata_replay_cuda_graph(
         self, forward_batch: ForwardBatch, max_extend_len: int
