@@ -129,12 +129,10 @@ class OutputProcessor:
         calls finish() for a finished request.
         """
         appended = 0
-        sp = req.sampling_params
-        eos = () if sp.ignore_eos else self.s.model_config.eos_token_ids
         for tok, lp, top in zip(token_ids, logprobs, top_logprobs, strict=True):
             # Text length before this token: only stop strings and stop-token trimming read it
             # (reading it decodes; otherwise the request's text is decoded when it is sent).
-            needs_text = bool(sp.stop_strs) or tok in eos or tok in (sp.stop_token_ids or ())
+            needs_text = bool(req.sampling_params.stop_strs) or self.is_stop_token(req, tok)
             prev_text_len = len(req.detok.text) if needs_text else 0
             req.output_ids.append(tok)
             req.detok.append([tok])
@@ -149,14 +147,20 @@ class OutputProcessor:
             self.mark(req)
         return appended
 
+    def is_stop_token(self, req: Req, tok: int) -> bool:
+        """tok is one of the request's stop_token_ids, or an EOS id unless ignore_eos."""
+        sp = req.sampling_params
+        if tok in (sp.stop_token_ids or ()):
+            return True
+        return not sp.ignore_eos and tok in self.s.model_config.eos_token_ids
+
     def check_finished(self, req: Req, prev_text_len: int) -> None:
         """Stop token / stop string first (so a stop completed by the last allowed token is
         still trimmed and reported as "stop"), then max_new_tokens and the context length."""
         sp = req.sampling_params
         tok = req.output_ids[-1]
         if len(req.output_ids) >= sp.min_new_tokens:
-            stop_ids = set(sp.stop_token_ids or ())
-            if tok in stop_ids or (not sp.ignore_eos and tok in self.s.model_config.eos_token_ids):
+            if self.is_stop_token(req, tok):
                 req.finished_reason = FinishReason("stop", matched=tok)
                 if not sp.no_stop_trim:
                     req.text_limit = prev_text_len
