@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from sglang.srt.layers.attention import check_backend_device
 from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.server_args import ServerArgs
 
@@ -54,12 +55,8 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         raise ValueError(f"--cuda-graph-bs needs positive batch sizes, got {a.cuda_graph_bs}")
     if a.cuda_graph_max_bs is not None and a.cuda_graph_max_bs < 1:
         raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {a.cuda_graph_max_bs}")
-    if a.attention_backend in ("flashinfer", "triton") and a.device != "cuda":
-        if a.attention_backend == "flashinfer" or os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(
-                f"--attention-backend {a.attention_backend} needs a CUDA device; on CPU use "
-                "--attention-backend torch_native (the default there)"
-            )
+    if a.attention_backend is not None:
+        check_backend_device(a.attention_backend, a.device)
     return a
 
 

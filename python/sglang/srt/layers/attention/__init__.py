@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+
+def check_backend_device(name: str, device: str | torch.device | None) -> None:
+    """Raise ValueError when backend `name` cannot run on `device` (None: unknown): flashinfer
+    needs CUDA; triton needs CUDA, or a CPU under the Triton interpreter (TRITON_INTERPRET=1,
+    slow: for tests); torch_native runs anywhere. Called when flags are resolved (before the
+    model loads) and when a backend is built."""
+    if name == "torch_native" or (device is not None and torch.device(device).type == "cuda"):
+        return
+    if name == "flashinfer":
+        raise ValueError(
+            f"--attention-backend flashinfer needs a CUDA device (got {device}); "
+            "use --attention-backend torch_native on CPU (the default there)"
+        )
+    if name == "triton" and device is not None and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "--attention-backend triton needs a CUDA device; on CPU it runs only under the "
+            "Triton interpreter (set TRITON_INTERPRET=1, slow: for tests); use "
+            "--attention-backend torch_native on CPU"
+        )
 
 
 def _torch_native(runner) -> AttentionBackend:
@@ -28,12 +49,7 @@ def _triton(runner) -> AttentionBackend:
 
 
 def _flashinfer(runner) -> AttentionBackend:
-    device = getattr(runner, "device", None)
-    if device is None or torch.device(device).type != "cuda":
-        raise ValueError(
-            f"--attention-backend flashinfer needs a CUDA device (got {device}); "
-            "use --attention-backend triton or torch_native"
-        )
+    check_backend_device("flashinfer", getattr(runner, "device", None))
     try:
         import flashinfer  # noqa: F401
     except Exception as e:  # ImportError, or a CUDA library the wheel needs is missing

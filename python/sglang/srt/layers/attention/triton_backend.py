@@ -14,12 +14,12 @@ width is the model's context length + 8), never the step's actual lengths. Off o
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+from sglang.srt.layers.attention import check_backend_device
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.triton_ops.decode_attention import (
     alloc_decode_partials,
@@ -78,12 +78,7 @@ class TritonAttnBackend(AttentionBackend):
         self.model_runner = model_runner
         self.forced_decode_splits = decode_num_splits
         device = getattr(model_runner, "device", None)
-        if device is not None and torch.device(device).type != "cuda":
-            if os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError(
-                    "--attention-backend triton needs a CUDA device; on CPU it runs only under "
-                    "the Triton interpreter (set TRITON_INTERPRET=1, slow: for tests)"
-                )
+        check_backend_device("triton", device)
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms: int | None = None  # None: not on CUDA, split-K off
