@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.triton_ops import token_head_strides
+
 
 @triton.jit
 def _attend_range(
@@ -252,14 +254,7 @@ def decode_attention_fwd(
             req_pool_indices,
             seq_lens,
             sm_scale,
-            q.stride(0),
-            q.stride(1),
-            k_buf.stride(0),
-            k_buf.stride(1),
-            v_buf.stride(0),
-            v_buf.stride(1),
-            out.stride(0),
-            out.stride(1),
+            *token_head_strides(q, k_buf, v_buf, out),
             req_to_token.stride(0),
             GROUP=h // hkv,
             HEAD_DIM=d,
@@ -290,12 +285,7 @@ def decode_attention_fwd(
         req_pool_indices,
         seq_lens,
         sm_scale,
-        q.stride(0),
-        q.stride(1),
-        k_buf.stride(0),
-        k_buf.stride(1),
-        v_buf.stride(0),
-        v_buf.stride(1),
+        *token_head_strides(q, k_buf, v_buf),
         req_to_token.stride(0),
         h,
         GROUP=h // hkv,

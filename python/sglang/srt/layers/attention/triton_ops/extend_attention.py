@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.triton_ops import token_head_strides
+
 
 @triton.jit
 def _extend_attn_kernel(
@@ -144,14 +146,7 @@ def extend_attention_fwd(
         extend_lens,
         extend_start,
         sm_scale,
-        q.stride(0),
-        q.stride(1),
-        k_buf.stride(0),
-        k_buf.stride(1),
-        v_buf.stride(0),
-        v_buf.stride(1),
-        out.stride(0),
-        out.stride(1),
+        *token_head_strides(q, k_buf, v_buf, out),
         req_to_token.stride(0),
         GROUP=h // hkv,
         HEAD_DIM=d,
