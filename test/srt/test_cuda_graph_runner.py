@@ -8,6 +8,8 @@ capture real graphs (triton backend) and compare with eager forwards and with
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -114,6 +116,9 @@ def check_padded_equals_eager(runner, graphs: CudaGraphRunner, mode: CaptureHidd
         if mode == CaptureHiddenMode.LAST:
             torch.testing.assert_close(padded.hidden_states, eager.hidden_states, atol=atol, rtol=0)
         assert torch.equal(padded.next_token_logits.argmax(-1), eager.next_token_logits.argmax(-1))
+        if runner.device.type == "cuda":  # ids resolved on the device (overlap scheduling)
+            on_dev = graphs.replay(replace(mwb, input_ids=mwb.input_ids.to(runner.device)))
+            assert torch.equal(on_dev.next_token_logits, padded.next_token_logits)
 
 
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])

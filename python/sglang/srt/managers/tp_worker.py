@@ -6,11 +6,13 @@ Stateless with respect to requests: ModelWorkerBatch in, GenerationBatchResult o
 from __future__ import annotations
 
 import time
+from itertools import accumulate
 
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.sampler import Sampler
+from sglang.srt.managers.pending_result import PendingResult
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -22,6 +24,32 @@ def top_logprobs_of(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
         return []
     vals, ids = logprobs.topk(k)
     return list(zip(vals.tolist(), ids.tolist(), strict=True))
+
+
+def copy_to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying t (any device) to pinned host memory. Returns (host tensor, timing event
+    recorded after the copy on the current stream); read the host tensor only after
+    event.synchronize(). On the CPU: (t, None)."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return host, event
+
+
+def sampled_logits(mwb: ModelWorkerBatch, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """The requests that sample this step (sample[i]) and their last logits rows.
+
+    logits: [num_logit_rows total, V]. Returns (rows [n] request indices, [n, V] logits; the
+    input itself when every row samples, as in decode)."""
+    rows = [i for i in range(mwb.batch_size) if mwb.sample[i]]
+    if len(rows) == logits.shape[0]:
+        return rows, logits
+    row_end = list(accumulate(mwb.num_logit_rows))
+    idx = torch.tensor([row_end[i] - 1 for i in rows], dtype=torch.int64, device=logits.device)
+    return rows, logits[idx]
 
 
 class TpModelWorker:
@@ -47,6 +75,39 @@ class TpModelWorker:
         result.forward_time_s = time.perf_counter() - t0
         return result
 
+    @torch.no_grad()
+    def forward_batch_generation_launch(self, mwb: ModelWorkerBatch) -> PendingResult:
+        """Queue the step's forward and sampling without waiting for the device (see
+        pending_result.py); finish() gives what forward_batch_generation returns. Steps that
+        read logprobs back run synchronously (their host work needs the values)."""
+        if mwb.return_logprob:
+            return PendingResult.done(self.forward_batch_generation(mwb))
+        start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
+        if start is not None:
+            start.record()
+        logits = self.model_runner.forward_worker_batch(mwb).next_token_logits  # [rows, V] f32
+        rows, ids_dev = self.sample_launch(mwb, logits)
+        host, end = copy_to_host_async(ids_dev)
+        bs = mwb.batch_size
+
+        def finish() -> GenerationBatchResult:
+            next_ids: list[int | None] = [None] * bs
+            for i, t in zip(rows, host.tolist(), strict=True):
+                next_ids[i] = t
+            return GenerationBatchResult(next_token_ids=next_ids)
+
+        return PendingResult(finish, rows, ids_dev, start, end)
+
+    def sample_launch(
+        self, mwb: ModelWorkerBatch, logits: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor]:
+        """Queue sampling of every request with sample[i] (no logprobs). Returns (rows: the
+        request indices that sample, ids: [len(rows)] int64 on the device)."""
+        rows, picked = sampled_logits(mwb, logits)
+        if not rows:
+            return rows, torch.empty(0, dtype=torch.int64, device=logits.device)
+        return rows, self.sampler(picked, mwb.sampling_info).next_token_ids
+
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -54,21 +115,17 @@ class TpModelWorker:
     def sample(self, mwb: ModelWorkerBatch, logits: torch.Tensor) -> GenerationBatchResult:
         """Sample the last row of every request with sample[i]; score prompt-logprob rows."""
         bs = mwb.batch_size
-        row_end = torch.tensor(mwb.num_logit_rows).cumsum(0).tolist()
-        sampled_idx = [i for i in range(bs) if mwb.sample[i]]
+        row_end = list(accumulate(mwb.num_logit_rows))
+        sampled_idx, picked = sampled_logits(mwb, logits)
         next_ids: list[int | None] = [None] * bs
         next_lps: list[float | None] = [None] * bs
         next_tops: list[list[tuple[float, int]] | None] = [None] * bs
         if sampled_idx:
-            if len(sampled_idx) == logits.shape[0]:  # decode: every row is a sampled row
-                rows = slice(None)
-            else:
-                rows = torch.tensor([row_end[i] - 1 for i in sampled_idx], device=logits.device)
             top_nums = [
                 mwb.top_logprobs_nums[i] if mwb.top_logprobs_nums else 0 for i in sampled_idx
             ]
             out = self.sampler(
-                logits[rows],
+                picked,
                 mwb.sampling_info,
                 return_logprob=mwb.return_logprob,
                 top_logprobs_nums=top_nums,

@@ -8,16 +8,20 @@ in the same order. Its only state is the future-token buffer:
 - When the scheduler builds step N+1 before step N's sampled tokens are known, the input id of
   a request's last (not yet known) token is the placeholder -(future_index + 1), where
   future_index is the request's slot in the ReqToTokenPool (`future_placeholder`).
-- Right after step N samples, the worker thread writes each sampled request's token into
-  future_ids[req_pool_index].
+- The worker queues step N's kernels and returns a PendingResult at once
+  (`forward_batch_generation_launch`, pending_result.py); the worker thread then writes each
+  sampled request's token into future_ids[req_pool_index] with a device-side scatter, queued
+  on the same stream after step N's sampling.
 - Before step N+1 runs, the worker thread replaces placeholders in its input ids
-  (`resolve_future_ids`, a torch.where): the scheduler thread never waits for step N for this.
+  (`resolve_future_ids`, a torch.where on the device), again queued after step N: nothing on
+  the worker thread waits for the GPU, so step N+1's kernels are queued while step N runs and
+  the GPU does not idle while the host prepares a step.
+- The scheduler thread's resolve(handle) calls PendingResult.finish(), which waits for the
+  step's copy-done event and builds the host lists.
 
-Where the future buffer lives: the workers return sampled ids as host lists and the CUDA-graph
-runner packs host input ids into its one host-to-device copy, so by default the buffer is on the
-host (the worker thread already holds step N's ids when it starts step N+1: no extra sync).
-With `resolve_on_device=True` the buffer is on the device and placeholders are resolved there
-(input ids then reach the worker as a device tensor, which the eager path accepts).
+The future buffer lives on the worker's device (the CPU in CPU runs). Steps a worker runs
+synchronously (logprobs, drafting, prefill of a speculative worker) come back as finished
+PendingResults; their tokens are written into the buffer from the host lists.
 
 A slot is reused only after every in-flight step of the request that held it was committed, so a
 placeholder always refers to the newest token of its own request.
@@ -40,6 +44,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.managers.pending_result import PendingResult
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
 
 
@@ -73,15 +78,11 @@ class TpModelWorkerClient:
     and returns its GenerationBatchResult. Handles must be resolved in launch order.
     """
 
-    def __init__(self, worker: Any, num_future_slots: int, resolve_on_device: bool = False) -> None:
+    def __init__(self, worker: Any, num_future_slots: int) -> None:
         self.worker = worker
         self.device = worker.device
-        # [num_future_slots] int64: newest sampled token of each request slot
-        self.future_ids = torch.zeros(
-            num_future_slots,
-            dtype=torch.int64,
-            device=self.device if resolve_on_device else torch.device("cpu"),
-        )
+        # [num_future_slots] int64 on the worker's device: newest sampled token of each slot
+        self.future_ids = torch.zeros(num_future_slots, dtype=torch.int64, device=self.device)
         self.on_cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.input_queue: queue.Queue[_Launch | None] = queue.Queue()
@@ -120,7 +121,7 @@ class TpModelWorkerClient:
         self.next_to_resolve += 1
         if isinstance(out, BaseException):
             raise out
-        return out
+        return out.finish()  # waits for the step's copy-done event (GIL released)
 
     def forward_batch_generation(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         """Synchronous step (launch + resolve), ordered after every queued step."""
@@ -150,20 +151,20 @@ class TpModelWorkerClient:
                 out = e
             self.output_queue.put((item.handle, out))
 
-    def _run(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+    def _run(self, mwb: ModelWorkerBatch) -> PendingResult:
         if bool((mwb.input_ids < 0).any()):  # CPU tensor: no device sync
             mwb = dataclasses.replace(
                 mwb, input_ids=resolve_future_ids(mwb.input_ids, self.future_ids)
             )
-        result = self.worker.forward_batch_generation(mwb)
-        slots, toks = [], []
-        for slot, tok in zip(mwb.req_pool_indices, result.next_token_ids, strict=True):
-            if tok is not None:
-                slots.append(slot)
-                toks.append(tok)
-        if slots:
+        pending = self.worker.forward_batch_generation_launch(mwb)
+        rows = pending.sampled_rows
+        if rows:
+            slots = torch.tensor([mwb.req_pool_indices[i] for i in rows], dtype=torch.int64)
+            if pending.next_ids_device is not None:  # queued after the step's sampling
+                vals = pending.next_ids_device
+            else:  # a step the worker ran synchronously
+                result = pending.finish()
+                vals = torch.tensor([result.next_token_ids[i] for i in rows], dtype=torch.int64)
             dev = self.future_ids.device
-            idx = torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True)
-            val = torch.tensor(toks, dtype=torch.int64).to(dev, non_blocking=True)
-            self.future_ids[idx] = val
-        return result
+            self.future_ids[slots.to(dev, non_blocking=True)] = vals.to(dev, non_blocking=True)
+        return pending

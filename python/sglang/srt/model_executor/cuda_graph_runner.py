@@ -68,6 +68,11 @@ class _StaticInputs:
     Layout (int64): req_pool_indices [B] | seq_lens [B] | extend_seq_lens [B] |
     extend_prefix_lens [B] | extend_start_loc [B] | input_ids [N] | positions [N] |
     out_cache_loc [N], with B = max bs and N = max tokens.
+
+    Host staging: two pinned buffers used in turn, each with an event recorded after its
+    upload. The host may prepare step N + 1 while step N's upload is still queued behind the
+    running step (overlap scheduling queues steps ahead), so a buffer is rewritten only after
+    its previous upload ran (`stage`).
     """
 
     def __init__(self, max_bs: int, max_tokens: int, device: torch.device) -> None:
@@ -75,8 +80,24 @@ class _StaticInputs:
         size = 5 * max_bs + 3 * max_tokens
         self.dev = torch.zeros(size, dtype=torch.int64, device=device)
         pin = device.type == "cuda"
-        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)  # staging copy
-        self.host_np = self.host.numpy()
+        self.hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.events: list = [None, None]  # torch.cuda.Event after each buffer's last upload
+        self.turn = 0
+
+    def stage(self) -> np.ndarray:
+        """The host buffer to fill for the next upload (waits until its last upload ran)."""
+        self.turn ^= 1
+        event = self.events[self.turn]
+        if event is not None:
+            event.synchronize()
+        return self.hosts[self.turn].numpy()
+
+    def upload(self) -> None:
+        """Copy the staged host buffer to the device buffer (asynchronously on CUDA)."""
+        self.dev.copy_(self.hosts[self.turn], non_blocking=True)
+        if self.dev.device.type == "cuda":
+            event = self.events[self.turn] = self.events[self.turn] or torch.cuda.Event()
+            event.record()
 
     def region(self, t: torch.Tensor, k: int, n: int) -> torch.Tensor:
         """Field k (0..7) of the packed buffer t, first n entries."""
@@ -185,8 +206,10 @@ class CudaGraphRunner:
         out_cache_loc: torch.Tensor,
     ) -> ForwardBatch:
         """Write one (padded) step into the persistent buffers; returns the key's batch with
-        its *_cpu lists set to the padded values."""
-        inp, h = self.inputs, self.inputs.host_np
+        its *_cpu lists set to the padded values. input_ids: [t] int64 on the host or on the
+        device (then copied device-to-device after the packed upload); out_cache_loc: [t]
+        int64 on the host."""
+        inp, h = self.inputs, self.inputs.stage()
         b, n, bs, t = key.bs, key.num_tokens, len(seq_lens), int(input_ids.numel())
         pad = b - bs
         seq = np.array(list(seq_lens) + [1] * pad, dtype=np.int64)
@@ -206,12 +229,15 @@ class CudaGraphRunner:
         put(2, ext, b)
         put(3, pre, b)
         put(4, starts, b)
-        put(5, input_ids.numpy(), n)
+        on_host = input_ids.device.type == "cpu"
+        put(5, input_ids.numpy() if on_host else [], n)
         put(6, positions, n)
         put(7, out_cache_loc.numpy(), n)
         # One transfer of the whole packed buffer (max_bs * 5 + max_tokens * 3 int64: small).
-        inp.dev.copy_(inp.host, non_blocking=True)
+        inp.upload()
         fb = self.batches[key]
+        if not on_host:  # ids already on the device (resolved there): queued after the upload
+            fb.input_ids[:t].copy_(input_ids, non_blocking=True)
         fb.seq_lens_cpu = seq.tolist()
         fb.extend_seq_lens_cpu = ext.tolist()
         fb.extend_prefix_lens_cpu = pre.tolist()

@@ -52,10 +52,9 @@ class DraftDecodeGraphRunner(CudaGraphRunner):
             req_pool_indices,
             [p + 1 for p in positions],
             [1] * m,
-            torch.zeros(m, dtype=torch.int64),
+            input_ids.to(torch.int64),  # device ids: copied after the packed upload
             out_cache_loc.to(torch.int64),
         )
-        fb.input_ids[:m].copy_(input_ids, non_blocking=True)  # after the packed copy
         self.hidden[:m].copy_(hidden, non_blocking=True)
         out = self._execute(key, fb)
         return out.logits[:m].clone(), out.hidden_states[:m].clone()

@@ -16,8 +16,9 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
+from sglang.srt.managers.pending_result import PendingResult
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
-from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.tp_worker import TpModelWorker, copy_to_host_async
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.sampling.random import (
@@ -81,6 +82,39 @@ class EAGLEWorkerV2:
         self.target_worker.synchronize()
         result.forward_time_s = time.perf_counter() - t0
         return result
+
+    @torch.no_grad()
+    def forward_batch_generation_launch(self, mwb: ModelWorkerBatch) -> PendingResult:
+        """Queue a step without waiting for the device when every d_i is 0 and no logprobs
+        are asked (the step overlap scheduling pipelines; see pending_result.py); other steps
+        run synchronously and come back finished."""
+        plain = mwb.forward_mode != ForwardMode.EXTEND and sum(mwb.spec.draft_lens) == 0
+        if not plain or mwb.return_logprob or not all(mwb.sample):
+            return PendingResult.done(self.forward_batch_generation(mwb))
+        start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
+        if start is not None:
+            start.record()
+        out = self.model_runner.forward_worker_batch(
+            mwb, capture_hidden_mode=CaptureHiddenMode.LAST
+        )
+        rows, ids_dev = self.target_worker.sample_launch(mwb, out.next_token_logits)
+        host, end = copy_to_host_async(ids_dev)
+        hidden, bs = out.hidden_states, mwb.batch_size  # [bs, 3H] on the device
+
+        def finish() -> GenerationBatchResult:
+            ids = host.tolist()  # every row of a decode step samples
+            return GenerationBatchResult(
+                next_token_ids=ids,
+                spec=SpecStepOutput(
+                    tokens=[[t] for t in ids],
+                    num_accepted=[0] * bs,
+                    logprobs=None,
+                    top_logprobs=None,
+                    hidden_states=[hidden[i : i + 1] for i in range(bs)],
+                ),
+            )
+
+        return PendingResult(finish, rows, ids_dev, start, end)
 
     # ---------------------------------------------------------------- prefill
     def forward_extend(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:

@@ -1,0 +1,142 @@
+"""Where a batch-B decode step's time goes on the GPU: the scheduler's whole step against the
+replay of its CUDA graph alone, with and without overlap scheduling.
+
+    python benchmark/profile_decode_step.py [--model-path benchmark/configs/llama31_8b_dummy \
+        --load-format dummy --dtype bfloat16] [--batch-size 1] [--steps 64] \
+        [--result-file benchmark/results/decode_step_h200.json]
+
+Per mode (`overlap`: the default CUDA scheduler loop, steps queued ahead of the GPU; `sync`:
+--disable-overlap-schedule, each step waits for its tokens), in a fresh process: an in-process
+Scheduler (no HTTP, no tokenizer process) decodes --batch-size requests (random prompt ids,
+greedy, ignore_eos) and reports
+
+- step_ms: wall time per scheduler step over --steps decode steps (CUDA synchronised at both
+  ends), i.e. what one token of each request costs end to end inside the scheduler;
+- graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
+- host_overhead_ms = step_ms - graph_ms: time the GPU is not running the model's graph;
+- with --weight-bytes (config arithmetic of bench_common.llama_weight_bytes) and the copy
+  bandwidth measured in the same process: roofline_ms and roofline_fraction = roofline_ms /
+  step_ms.
+
+Only CUDA: the point is device idle time. Results are written as JSON (rewritten per mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+from bench_common import (
+    REPO,
+    llama_weight_bytes,
+    measure_copy_bandwidth,
+    run_meta,
+    write_json,
+)
+
+DEFAULT_MODEL = f"{REPO}/benchmark/configs/llama31_8b_dummy"
+
+
+def one_mode(a: argparse.Namespace) -> dict:
+    from sglang.test.scheduler_utils import make_scheduler, submit
+
+    torch.set_grad_enabled(False)
+    sched = make_scheduler(
+        a.model_path,  # None: the bundled SmolLM2-135M-Instruct
+        load_format=a.load_format,
+        dtype=a.dtype,
+        device="cuda",
+        max_total_tokens=a.max_total_tokens,
+        cuda_graph_bs=[a.batch_size],
+        disable_overlap_schedule=a.mode == "sync",
+        attention_backend=a.attention_backend,
+    )
+    warm = 8
+    params = {"max_new_tokens": warm + a.steps + 16, "temperature": 0, "ignore_eos": True}
+    gen = torch.Generator().manual_seed(0)
+    for i in range(a.batch_size):
+        ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
+        submit(sched, f"r{i}", ids, params)
+    while sched.waiting_queue or sched.chunked_req:
+        sched.step()
+    for _ in range(warm):
+        sched.step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        sched.step()
+    torch.cuda.synchronize()
+    step_ms = 1e3 * (time.perf_counter() - t0) / a.steps
+    out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms}
+    runner = sched.tp_worker.model_runner.cuda_graph_runner
+    if runner is not None:
+        key = runner.pick(a.batch_size, a.batch_size)
+        graph = runner.graphs[key]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            graph.replay()
+        torch.cuda.synchronize()
+        out["graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
+        out["host_overhead_ms"] = step_ms - out["graph_ms"]
+    out["scheduler_stats"] = {
+        k: v for k, v in sched.stats.items() if k.startswith(("forward", "overlap"))
+    }
+    if sched.worker_client is not None:
+        sched.worker_client.shutdown()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=DEFAULT_MODEL, help="'bundled': SmolLM2-135M")
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--attention-backend", default=None)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--max-total-tokens", type=int, default=32768)
+    p.add_argument("--modes", nargs="+", default=["overlap", "sync"])
+    p.add_argument("--copy-gib", type=float, default=4.0)
+    p.add_argument("--result-file", default=None)
+    p.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one mode, print JSON
+    a = p.parse_args()
+    if a.model_path == "bundled":
+        a.model_path, a.load_format = None, "auto"
+    if a.mode:
+        print("RESULT " + json.dumps(one_mode(a)), flush=True)
+        return
+    result: dict = {"meta": run_meta(sys.argv), "settings": vars(a), "modes": {}}
+    from sglang.srt.model_loader.loader import resolve_model_path
+
+    with open(f"{resolve_model_path(a.model_path)}/config.json") as f:
+        weight_bytes = llama_weight_bytes(json.load(f), 2 if "16" in a.dtype else 4)["total"]
+    bw = measure_copy_bandwidth(int(a.copy_gib * 2**30), "cuda")
+    result["weight_bytes"] = weight_bytes
+    result["bandwidth"] = bw
+    roofline_ms = 1e3 * weight_bytes / (bw["bandwidth_gb_s"] * 1e9)
+    result["roofline_ms"] = roofline_ms
+    for mode in a.modes:
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            result["modes"][mode] = {"error": proc.stderr[-3000:]}
+        else:
+            r = json.loads(lines[-1][len("RESULT ") :])
+            r["roofline_fraction"] = roofline_ms / r["step_ms"]
+            if "graph_ms" in r:
+                r["graph_roofline_fraction"] = roofline_ms / r["graph_ms"]
+            result["modes"][mode] = r
+        print(json.dumps(result["modes"][mode], indent=1), flush=True)
+        if a.result_file:
+            write_json(a.result_file, result)
+
+
+if __name__ == "__main__":
+    main()
