@@ -6,9 +6,10 @@ replay of its CUDA graph alone, with and without overlap scheduling.
         [--result-file benchmark/results/decode_step_h200.json]
 
 Per mode (`overlap`: the default CUDA scheduler loop, steps queued ahead of the GPU; `sync`:
---disable-overlap-schedule, each step waits for its tokens), in a fresh process: an in-process
-Scheduler (no HTTP, no tokenizer process) decodes --batch-size requests (random prompt ids,
-greedy, ignore_eos) and reports
+--disable-overlap-schedule, each step waits for its tokens; `adaptive`: overlap with EAGLE-3
+(--draft-path, default the bundled draft) and --speculative-adaptive), in a fresh process:
+an in-process Scheduler (no HTTP, no tokenizer process) decodes --batch-size requests (random
+prompt ids, greedy, ignore_eos) and reports
 
 - step_ms: wall time per scheduler step over --steps decode steps (CUDA synchronised at both
   ends), i.e. what one token of each request costs end to end inside the scheduler;
@@ -24,7 +25,10 @@ Only CUDA: the point is device idle time. Results are written as JSON (rewritten
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import subprocess
 import sys
 import time
@@ -45,6 +49,14 @@ def one_mode(a: argparse.Namespace) -> dict:
     from sglang.test.scheduler_utils import make_scheduler, submit
 
     torch.set_grad_enabled(False)
+    spec = {}
+    if a.mode == "adaptive":  # EAGLE-3 (the bundled draft unless --draft-path) + the policy
+        spec = dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=a.draft_path,
+            speculative_num_steps=5,
+            speculative_adaptive=True,
+        )
     sched = make_scheduler(
         a.model_path,  # None: the bundled SmolLM2-135M-Instruct
         load_format=a.load_format,
@@ -54,6 +66,7 @@ def one_mode(a: argparse.Namespace) -> dict:
         cuda_graph_bs=[a.batch_size],
         disable_overlap_schedule=a.mode == "sync",
         attention_backend=a.attention_backend,
+        **spec,
     )
     warm = 8
     params = {"max_new_tokens": warm + a.steps + 16, "temperature": 0, "ignore_eos": True}
@@ -66,12 +79,21 @@ def one_mode(a: argparse.Namespace) -> dict:
     for _ in range(warm):
         sched.step()
     torch.cuda.synchronize()
+    prof = cProfile.Profile() if a.cprofile else None
     t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
     for _ in range(a.steps):
         sched.step()
     torch.cuda.synchronize()
     step_ms = 1e3 * (time.perf_counter() - t0) / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms}
+    if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        out["scheduler_thread_cprofile_top25"] = text.getvalue().splitlines()
+        out["note"] = "step_ms is inflated by cProfile in this run"
     runner = sched.tp_worker.model_runner.cuda_graph_runner
     if runner is not None:
         key = runner.pick(a.batch_size, a.batch_size)
@@ -101,7 +123,9 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--max-total-tokens", type=int, default=32768)
-    p.add_argument("--modes", nargs="+", default=["overlap", "sync"])
+    p.add_argument("--modes", nargs="+", default=["overlap", "sync"], help="overlap sync adaptive")
+    p.add_argument("--draft-path", default=None, help="EAGLE-3 draft of mode adaptive")
+    p.add_argument("--cprofile", action="store_true", help="profile the scheduler thread")
     p.add_argument("--copy-gib", type=float, default=4.0)
     p.add_argument("--result-file", default=None)
     p.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one mode, print JSON

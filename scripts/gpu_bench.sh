@@ -64,7 +64,7 @@ part_p() {
   timeout -k 10 "${PROF_TIMEOUT_S:-200}" $PY benchmark/profile_decode_step.py \
     --result-file "$OUT/decode_step_$TAG.json"
   echo "profile 8B rc=$? at $(( $(date +%s) - T0 )) s"
-  timeout -k 10 "${PROF_TIMEOUT_S:-200}" $PY benchmark/profile_decode_step.py --model-path bundled \
+  timeout -k 10 "${PROF_TIMEOUT_S:-200}" $PY benchmark/profile_decode_step.py --model-path bundled ${PROF_EXTRA:-} \
     --result-file "$OUT/decode_step_smollm2_$TAG.json"
   echo "profile SmolLM2 rc=$? at $(( $(date +%s) - T0 )) s"
 }

@@ -376,3 +376,37 @@ def test_idle_requests_drift_back_to_the_prior_and_are_retried():
         no_explore.observe([0, 1], [0, K], [0, K])
     stuck = no_explore.alphas([0])[0, 0]  # own counts dominate: still far below the prior
     assert stuck < 0.3 and stuck < tr.server_alpha()[0] - 0.4
+
+
+def test_all_zero_choice_is_reused_until_the_batch_changes():
+    """recheck_every: an all-zero decision for the same requests skips the policy for the next
+    recheck_every - 1 steps; a different batch, or the recheck, runs it again."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    cfg = parse_adaptive_config(json.dumps({"recheck_every": 3, "profile": False}))
+    ctl = AdaptiveController(cfg, K, num_slots=8)
+    nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
+    ctl.time_model = nothing_pays
+    calls = []
+    choose = ctl.policy.choose
+    ctl.policy.choose = lambda v, f: calls.append(v.size) or choose(v, f)
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+            for i in range(4)]  # fmt: skip
+    for _ in range(3):
+        assert ctl.choose(reqs, [K] * 4) == [0] * 4
+    assert calls == [4]  # one policy run, then two reuses
+    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and calls == [4, 4]  # recheck
+    assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3 and calls == [4, 4, 3]  # batch changed
+    ctl.time_model = LIGHT  # drafting pays now, but the zero choice is still being reused
+    assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3
+    assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3
+    assert min(ctl.choose(reqs[:3], [K] * 3)) > 0 and calls == [4, 4, 3, 3]
+    one = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=8)
+    one.time_model, n = nothing_pays, []
+    inner = one.policy.choose
+    one.policy.choose = lambda v, f: n.append(1) or inner(v, f)
+    for _ in range(3):
+        one.choose(reqs, [K] * 4)
+    assert len(n) == 3

@@ -191,7 +191,8 @@ def test_layers_dispatch_on_cuda_bf16(num_tokens: int) -> None:
     rope = RotaryEmbedding(64, 64, 2048, 10000.0).to(dev)
     positions = torch.randint(0, 2048, (num_tokens,), device=dev)
     _, (q, k, _v) = _qkv(num_tokens, 9, 3, 64, dtype, dev)
-    cpu_rope = RotaryEmbedding(64, 64, 2048, 10000.0)
+    with torch.device("cpu"):  # the autouse fixture makes CUDA the default device
+        cpu_rope = RotaryEmbedding(64, 64, 2048, 10000.0)
     ref_q, ref_k = cpu_rope(positions.cpu(), q.cpu(), k.cpu())  # PyTorch path on CPU
     out_q, out_k = rope(positions, q, k)
     torch.testing.assert_close(out_q.cpu(), ref_q, atol=1e-2, rtol=1.6e-2)

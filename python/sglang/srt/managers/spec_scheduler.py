@@ -18,6 +18,8 @@ from sglang.srt.speculative.adaptive.warmup import profile_on_worker
 from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
 
 if TYPE_CHECKING:
+    import torch
+
     from sglang.srt.managers.scheduler import Scheduler
 
 # Pending target hidden states kept per request while it does not draft; beyond this the
@@ -115,9 +117,9 @@ class SpecScheduler:
         when final, whose target hidden state stays pending until the first draft step)."""
         d = req.draft
         d.draft_kv_len = req.kv_len - (1 if final else 0)
-        d.hidden_states = None
+        d.clear()
         if final and result.draft_hidden is not None and result.draft_hidden[i] is not None:
-            d.append(result.draft_hidden[i], MAX_PENDING_HIDDEN)
+            d.append_rows(result.draft_hidden[i], 0, 1, MAX_PENDING_HIDDEN)
 
     def commit_decode(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         s, spec = self.s, result.spec
@@ -136,7 +138,8 @@ class SpecScheduler:
             req.kv_len = n + appended
             s.kv.free_token_range(req, n + appended, n + 1 + dlen)
             req.extend_input_len = req.draft_len = 0
-            self.update_draft_state(req, n, dlen, spec.hidden_states[i][:appended])
+            start = spec.hidden_starts[i]
+            self.update_draft_state(req, n, dlen, spec.hidden_states, start, start + appended)
             self.record(req, dlen, spec.num_accepted[i], appended)
             drafting += dlen > 0
             if req.finished():
@@ -144,12 +147,16 @@ class SpecScheduler:
         self.stats["spec_last_step_share_drafting"] = drafting / max(1, len(batch.reqs))
 
     @staticmethod
-    def update_draft_state(req: Req, n: int, dlen: int, hidden) -> None:
+    def update_draft_state(
+        req: Req, n: int, dlen: int, hidden: torch.Tensor, start: int, end: int
+    ) -> None:
+        """Rows [start, end) of hidden ([R, 3H]) are the states of the positions committed
+        this step."""
         d = req.draft
         if dlen > 0:  # the catch-up consumed the pending states; drafts beyond n are stale
             d.draft_kv_len = n
-            d.hidden_states = None
-        d.append(hidden, MAX_PENDING_HIDDEN)
+            d.clear()
+        d.append_rows(hidden, start, end, MAX_PENDING_HIDDEN)
 
     def record(self, req: Req, dlen: int, accepted: int, appended: int) -> None:
         req.spec_verify_ct += 1

@@ -110,7 +110,8 @@ class EAGLEWorkerV2:
                     num_accepted=[0] * bs,
                     logprobs=None,
                     top_logprobs=None,
-                    hidden_states=[hidden[i : i + 1] for i in range(bs)],
+                    hidden_states=hidden,
+                    hidden_starts=list(range(bs)),
                 ),
             )
 
@@ -167,7 +168,8 @@ class EAGLEWorkerV2:
             num_accepted=[0] * bs,
             logprobs=[[lp] for lp in lps] if lps is not None else None,
             top_logprobs=[[t] for t in result.next_top_logprobs] if lps is not None else None,
-            hidden_states=[out.hidden_states[i : i + 1] for i in range(bs)],
+            hidden_states=out.hidden_states,
+            hidden_starts=list(range(bs)),
         )
         return result
 
@@ -283,7 +285,8 @@ class EAGLEWorkerV2:
             num_accepted=acc,
             logprobs=None,
             top_logprobs=None,
-            hidden_states=[hidden[starts[i] : starts[i] + acc[i] + 1] for i in range(len(acc))],
+            hidden_states=hidden,
+            hidden_starts=list(starts),
         )
         if mwb.return_logprob:
             rows = torch.tensor(

@@ -44,29 +44,43 @@ class SpeculativeAlgorithm(Enum):
 class EagleDraftInput:
     """Per-request draft state, stored on the scheduler's Req.
 
-    hidden_states: [num_pending, 3 * target_hidden] target aux hidden states of positions
-    [draft_kv_len, draft_kv_len + num_pending), model dtype, on the model device; None when
-    nothing is pending.
+    The pending target aux hidden states of positions [draft_kv_len, draft_kv_len +
+    num_pending) are kept as row ranges of the step outputs that produced them
+    (`chunks`: (tensor [R, 3 * target_hidden] model dtype on the model device, first row, end
+    row)) and are concatenated only when the request drafts (`hidden_states`). A step that
+    does not draft therefore costs one list append per request, not a device copy.
     """
 
     draft_kv_len: int = 0  # positions whose draft KV is valid
-    hidden_states: torch.Tensor | None = None
+    chunks: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
+    num_pending: int = 0  # rows in chunks
     stale: bool = False  # pending states were dropped: this request cannot draft any more
 
     @property
-    def num_pending(self) -> int:
-        return 0 if self.hidden_states is None else int(self.hidden_states.shape[0])
+    def hidden_states(self) -> torch.Tensor | None:
+        """[num_pending, 3 * target_hidden] (one concatenation, kept), or None when empty."""
+        if not self.chunks:
+            return None
+        if len(self.chunks) > 1 or self.chunks[0][1] != 0:
+            cat = torch.cat([t[a:b] for t, a, b in self.chunks])
+            self.chunks = [(cat, 0, self.num_pending)]
+        t, _, b = self.chunks[0]
+        return t if b == t.shape[0] else t[:b]
 
-    def append(self, hidden: torch.Tensor, max_pending: int) -> None:
-        """Add the target hidden states of newly committed positions."""
-        if self.stale:
+    def append_rows(self, hidden: torch.Tensor, start: int, end: int, max_pending: int) -> None:
+        """Add rows [start, end) of hidden: the states of newly committed positions."""
+        if self.stale or end <= start:
             return
-        self.hidden_states = (
-            hidden if self.hidden_states is None else torch.cat([self.hidden_states, hidden])
-        )
+        self.chunks.append((hidden, start, end))
+        self.num_pending += end - start
         if self.num_pending > max_pending:  # bound memory for requests that stopped drafting
-            self.hidden_states = None
+            self.clear()
             self.stale = True
+
+    def clear(self) -> None:
+        """The draft consumed every pending state."""
+        self.chunks = []
+        self.num_pending = 0
 
 
 @dataclass
@@ -93,6 +107,8 @@ class SpecStepOutput:
     num_accepted: list[int]  # [bs] a_i
     logprobs: list[list[float]] | None  # [bs][a_i + 1] target logprobs of `tokens`
     top_logprobs: list[list[list[tuple[float, int]]]] | None
-    # [bs] target aux hidden states of the committed positions [n_i, n_i + a_i + 1): the next
-    # EagleDraftInput (rows beyond a stop inside the run are dropped by the scheduler)
-    hidden_states: list[torch.Tensor]
+    # [R, 3H] target aux hidden states; request i's committed positions [n_i, n_i + a_i + 1)
+    # are rows hidden_starts[i] .. hidden_starts[i] + a_i (rows beyond a stop inside the run
+    # are dropped by the scheduler): the next EagleDraftInput
+    hidden_states: torch.Tensor
+    hidden_starts: list[int]  # [bs]

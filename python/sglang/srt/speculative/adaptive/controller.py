@@ -53,6 +53,9 @@ class AdaptiveController:
         self.overhead_s = 0.0  # EMA of step wall time minus forward time
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
         self.last = {"bs": 0, "sum_d": 0, "predicted_s": 0.0, "measured_s": 0.0}
+        # an all-zero choice reused for _zero_left more steps while the slots stay _zero_slots
+        self._zero_left = 0
+        self._zero_slots: list[int] | None = None
 
     # ---------------------------------------------------------------- setup
     def profile(
@@ -87,10 +90,19 @@ class AdaptiveController:
         return self.time_model.predict(x) + extra
 
     def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
-        """Draft length per request, each in [0, caps[i]]."""
+        """Draft length per request, each in [0, caps[i]].
+
+        When the policy chose all zeros for exactly these requests (same slots, same order),
+        that choice is reused for the next cfg.recheck_every - 1 steps without running the
+        policy: a server under load that does not speculate then pays almost nothing per
+        step for the decision (the policy's numpy work is ~0.1-1 ms of host time per step,
+        which matters when steps are a few ms). Any change of the batch re-runs it."""
         if not reqs or max(caps) == 0:
             return [0] * len(reqs)
         slots = [r.req_pool_idx for r in reqs]
+        if self._zero_left > 0 and slots == self._zero_slots:
+            self._zero_left -= 1
+            return [0] * len(reqs)
         view = BatchView(
             caps=np.asarray(caps, dtype=np.int64),
             alphas=self.tracker.alphas(slots),
@@ -98,7 +110,12 @@ class AdaptiveController:
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )
-        return self.policy.choose(view, self.time_fn).tolist()
+        chosen = self.policy.choose(view, self.time_fn).tolist()
+        if any(chosen):
+            self._zero_left, self._zero_slots = 0, None
+        else:
+            self._zero_left, self._zero_slots = self.cfg.recheck_every - 1, slots
+        return chosen
 
     # ---------------------------------------------------------------- learn
     def observe(

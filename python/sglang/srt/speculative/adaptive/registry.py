@@ -6,6 +6,8 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "fixed_k": 3,                               # fixed: draft length (default K)
      "tiers": {"1": 3, "8": 2, "32": 1, "64": 0},# tiers: batch-size threshold -> draft length
      "hysteresis": 0.02,                         # goodput: relative gain needed to switch
+     "recheck_every": 4,                         # an all-zero choice for the same
+                                                 # requests is reused this many steps (1: off)
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
@@ -39,6 +41,7 @@ class AdaptiveConfig:
     fixed_k: int | None = None
     tiers: dict[int, int] = field(default_factory=lambda: {1: 3, 8: 2, 32: 1, 64: 0})
     hysteresis: float = 0.02
+    recheck_every: int = 4
     initial_accept: float = 0.7
     server_prior_count: float = 8.0
     prior_strength: float = 4.0
@@ -111,6 +114,7 @@ _CHECKS = {
     "fixed_k": lambda v: _int("fixed_k", v, 0),
     "tiers": _tiers,
     "hysteresis": lambda v: _number("hysteresis", v, 0.0, 1.0),
+    "recheck_every": lambda v: _int("recheck_every", v, 1),
     "initial_accept": lambda v: _number("initial_accept", v, 0.0, 1.0),
     "server_prior_count": lambda v: _number("server_prior_count", v, 0.0, 1e9, lo_open=True),
     "prior_strength": lambda v: _number("prior_strength", v, 0.0, 1e9, lo_open=True),
