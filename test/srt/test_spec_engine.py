@@ -225,8 +225,13 @@ def test_toggled_draft_length_keeps_draft_state(tiny_model_dir, draft_dir, refer
     assert all(plain_props[n] == tog_props[n] for n in common)
 
 
-def test_no_leak_after_aborts_and_retractions(tiny_model_dir, draft_dir):
-    sched = spec_scheduler(tiny_model_dir, draft_dir, max_total_tokens=300)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_no_leak_after_aborts_and_retractions(tiny_model_dir, draft_dir, overlap):
+    """With overlap scheduling (the CUDA default) a step that was in flight while its
+    requests were aborted or retracted is committed for the surviving rows only."""
+    sched = spec_scheduler(
+        tiny_model_dir, draft_dir, max_total_tokens=300, disable_overlap_schedule=not overlap
+    )
     rng = random.Random(1)
     outs: dict = {}
     ps = prompts(200, seed=3)
