@@ -51,14 +51,27 @@ def test_registry_refuses_flashinfer_off_cuda():
         create_attention_backend("flashinfer", object())  # a runner without a device
 
 
-def test_graph_workspace_covers_the_measured_8b_verify_plan():
-    """FlashInfer 0.6.18 asked for 635,437,056 bytes of split-KV scratch when planning the
-    bs-256 x 6-token verify graph of the Llama-3.1-8B shape on the H200 (the 384 MiB default
-    overflowed); the graph workspace is sized from the graph's tokens, heads and head_dim."""
-    from sglang.srt.layers.attention.flashinfer_backend import graph_workspace_bytes
+def test_graph_workspace_covers_the_measured_8b_verify_plans():
+    """FlashInfer 0.6.18 on the H200 (132 SMs) asked for 635,437,056 bytes of split-KV
+    scratch planning the bs-256 x 6-token verify graph of the Llama-3.1-8B shape, and
+    568,328,192 for the bs-256 x 2-token one (K = 1): the estimate covers both (the second
+    overflowed an estimate proportional to tokens alone); SmolLM2 keeps the 384 MiB default.
+    An overflow message is recognised, with the size it asked for."""
+    from sglang.srt.layers.attention.flashinfer_backend import (
+        graph_workspace_bytes,
+        workspace_overflow_bytes,
+    )
 
-    assert graph_workspace_bytes(256 * 6, 32, 128) >= 635_437_056
-    assert graph_workspace_bytes(256 * 6, 9, 64) < 384 << 20  # SmolLM2 keeps the default
+    assert graph_workspace_bytes(256 * 6, 32, 128, 132) >= 635_437_056 + (32 << 20)
+    assert graph_workspace_bytes(256 * 2, 32, 128, 132) >= 568_328_192 + (32 << 20)
+    assert graph_workspace_bytes(256 * 6, 9, 64, 132) < 384 << 20
+    msg = (
+        "Error in function 'aligned_alloc' at flashinfer/allocator.h:71: Buffer overflow when "
+        "allocating memory for batch_prefill_tmp_v with size 568328192 and alignment 16, but "
+        "only 402653184 bytes available in AlignedAllocator. Increase the workspace buffer size."
+    )
+    assert workspace_overflow_bytes(RuntimeError(msg)) == 568_328_192
+    assert workspace_overflow_bytes(RuntimeError("CUDA error: out of memory")) is None
 
 
 def test_paged_layout_gives_unassigned_rows_to_the_last_request():

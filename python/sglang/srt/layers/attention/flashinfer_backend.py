@@ -18,6 +18,8 @@ its real queries keep their causal alignment and the extra rows are garbage nobo
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,8 @@ import triton.language as tl
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.server_args import env_flag
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -196,12 +200,29 @@ def _float_workspace(device: torch.device, min_bytes: int = 0) -> torch.Tensor:
     return ws
 
 
-def graph_workspace_bytes(max_num_tokens: int, num_qo_heads: int, head_dim: int) -> int:
-    """Float workspace a CUDA-graph plan may need: FlashInfer sizes split-KV partial outputs
-    for the worst case in graph mode (float32 [tokens, heads, head_dim] per split). Measured on
-    the H200 (0.6.18): 635 MB for 1536 tokens x 32 heads x 128 (about 25 splits); 40 splits of
-    margin plus 64 MiB for the rest."""
-    return max_num_tokens * num_qo_heads * head_dim * 4 * 40 + (64 << 20)
+def graph_workspace_bytes(
+    max_num_tokens: int, num_qo_heads: int, head_dim: int, num_sms: int = 132
+) -> int:
+    """Float workspace a CUDA-graph plan may need. In graph mode FlashInfer sizes its split-KV
+    partial outputs (float32 rows of num_qo_heads x head_dim) for the worst case: a floor set
+    by the grid (SM count) plus a share per token. Measured on the H200 (132 SMs, 0.6.18,
+    32 heads x 128): batch_prefill_tmp_v of 568,328,192 bytes for a 512-token verify graph and
+    635,437,056 for 1536 tokens, i.e. about 32,640 + 4 x tokens rows. Estimate: 256 rows per
+    SM + 8 per token, plus 64 MiB for the rest. A plan that still overflows grows the
+    workspace and is retried (FlashInferAttnBackend.init_forward_metadata_capture_cuda_graph).
+    """
+    rows = 256 * num_sms + 8 * max_num_tokens
+    return num_qo_heads * head_dim * 4 * rows + (64 << 20)
+
+
+_OVERFLOW = re.compile(r"allocating memory for \S+ with size (\d+)")
+
+
+def workspace_overflow_bytes(err: BaseException) -> int | None:
+    """Bytes FlashInfer asked for when planning overflowed its workspace (its AlignedAllocator
+    message), or None when err is something else."""
+    m = _OVERFLOW.search(str(err)) if "Buffer overflow" in str(err) else None
+    return int(m.group(1)) if m else None
 
 
 class FlashInferAttnBackend(AttentionBackend):
@@ -342,7 +363,8 @@ class FlashInferAttnBackend(AttentionBackend):
         max_context_len = self.model_runner.req_to_token_pool.req_to_token.shape[1]
         dev, i32 = self.device, torch.int32
         head_dim = getattr(getattr(self.model_runner, "model_config", None), "head_dim", 128)
-        need = graph_workspace_bytes(max_num_tokens, self.num_qo_heads, head_dim)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        need = graph_workspace_bytes(max_num_tokens, self.num_qo_heads, head_dim, sms)
         self.workspace = _float_workspace(dev, need)  # graph wrappers are built after this
         self._graph = _GraphBuffers(
             qo_indptr=torch.zeros(max_bs + 1, dtype=i32, device=dev),
@@ -361,12 +383,25 @@ class FlashInferAttnBackend(AttentionBackend):
         key = (fb.batch_size, fb.num_tokens)
         if self._graph is None:
             raise RuntimeError("init_cuda_graph_state must run before capturing a graph")
+        is_decode = fb.num_tokens == fb.batch_size
+        use_tc = decode_uses_tensor_cores(self.num_qo_heads, fb.token_to_kv_pool.head_num)
         if key not in self._graph_wrappers:
-            is_decode = fb.num_tokens == fb.batch_size
-            use_tc = decode_uses_tensor_cores(self.num_qo_heads, fb.token_to_kv_pool.head_num)
             wrapper = self._new_wrapper(is_decode, use_tc, bs=fb.batch_size)
             self._graph_wrappers[key] = (wrapper, is_decode)
-        self.init_forward_metadata_replay_cuda_graph(fb, max_extend_len)
+        try:
+            self.init_forward_metadata_replay_cuda_graph(fb, max_extend_len)
+        except RuntimeError as e:
+            asked = workspace_overflow_bytes(e)
+            if asked is None:
+                raise
+            # Grow the shared workspace and re-plan this graph's wrapper on it. Graphs captured
+            # before keep the buffer their wrappers were planned on (still referenced).
+            grown = self.workspace.numel() + asked + (64 << 20)
+            logger.info("FlashInfer workspace grown to %d MiB for graph %s", grown >> 20, key)
+            self.workspace = _float_workspace(self.device, grown)
+            wrapper = self._new_wrapper(is_decode, use_tc, bs=fb.batch_size)
+            self._graph_wrappers[key] = (wrapper, is_decode)
+            self.init_forward_metadata_replay_cuda_graph(fb, max_extend_len)
 
     def init_forward_metadata_replay_cuda_graph(
         self, forward_batch: ForwardBatch, max_extend_len: int
