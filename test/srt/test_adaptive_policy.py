@@ -403,6 +403,12 @@ def test_all_zero_choice_is_reused_until_the_batch_changes():
     assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3
     assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3
     assert min(ctl.choose(reqs[:3], [K] * 3)) > 0 and calls == [4, 4, 3, 3]
+    ctl.time_model = nothing_pays
+    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and calls[-1] == 4  # new batch: runs
+    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and len(calls) == 5  # reused
+    assert ctl.choose(reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 6  # caps changed
+    ctl.on_admit(7)
+    assert ctl.choose(reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 7  # a new request
     one = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=8)
     one.time_model, n = nothing_pays, []
     inner = one.policy.choose

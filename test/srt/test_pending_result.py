@@ -3,6 +3,8 @@ the device must finish into exactly the result of the synchronous call."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from sglang.srt.managers.pending_result import PendingResult
@@ -24,10 +26,12 @@ def test_finish_runs_once_and_times_the_step():
         calls.append(1)
         return GenerationBatchResult(next_token_ids=[1])
 
-    p = PendingResult(fin, [0], None)
+    p = PendingResult(fin, [0], None, launched_at=time.perf_counter() - 5.0)
+    p.keep_alive = object()
     r = p.finish()
     assert p.finish() is r and len(calls) == 1
-    assert r.forward_time_s >= 0
+    assert 5.0 <= r.forward_time_s < 60  # from the step's launch, not from construction
+    assert p.keep_alive is None  # the step's inputs are released once it finished
 
 
 @pytest.mark.parametrize("params", [{"temperature": 0}, {"temperature": 0.8, "top_k": 20}])

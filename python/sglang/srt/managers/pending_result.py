@@ -40,6 +40,7 @@ class PendingResult:
         next_ids_device: torch.Tensor | None,
         start_event: Any = None,  # torch.cuda.Event(enable_timing=True) before the step
         end_event: Any = None,  # torch.cuda.Event(enable_timing=True) after its host copy
+        launched_at: float | None = None,  # perf_counter when the worker began the step
     ) -> None:
         self._finish_fn = finish_fn
         self._result: GenerationBatchResult | None = None
@@ -47,7 +48,10 @@ class PendingResult:
         self.next_ids_device = next_ids_device
         self.start_event = start_event
         self.end_event = end_event
-        self.launched_at = time.perf_counter()
+        self.launched_at = time.perf_counter() if launched_at is None else launched_at
+        # Inputs of the step (the ModelWorkerBatch): their device tensors were allocated on the
+        # scheduler's stream and are read by the worker's; held until the step finished.
+        self.keep_alive: Any = None
 
     @classmethod
     def done(cls, result: GenerationBatchResult) -> PendingResult:
@@ -65,6 +69,7 @@ class PendingResult:
             if self.end_event is not None:
                 self.end_event.synchronize()
             result = self._finish_fn()
+            self.keep_alive = None
             if self.start_event is not None:
                 result.forward_time_s = self.start_event.elapsed_time(self.end_event) / 1e3
             else:

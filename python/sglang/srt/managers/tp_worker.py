@@ -82,6 +82,7 @@ class TpModelWorker:
         read logprobs back run synchronously (their host work needs the values)."""
         if mwb.return_logprob:
             return PendingResult.done(self.forward_batch_generation(mwb))
+        t0 = time.perf_counter()
         start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         if start is not None:
             start.record()
@@ -96,7 +97,7 @@ class TpModelWorker:
                 next_ids[i] = t
             return GenerationBatchResult(next_token_ids=next_ids)
 
-        return PendingResult(finish, rows, ids_dev, start, end)
+        return PendingResult(finish, rows, ids_dev, start, end, launched_at=t0)
 
     def sample_launch(
         self, mwb: ModelWorkerBatch, logits: torch.Tensor

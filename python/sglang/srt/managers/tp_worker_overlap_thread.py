@@ -157,6 +157,7 @@ class TpModelWorkerClient:
                 mwb, input_ids=resolve_future_ids(mwb.input_ids, self.future_ids)
             )
         pending = self.worker.forward_batch_generation_launch(mwb)
+        pending.keep_alive = mwb  # its device tensors are read by this stream's queued step
         rows = pending.sampled_rows
         if rows:
             slots = torch.tensor([mwb.req_pool_indices[i] for i in rows], dtype=torch.int64)

@@ -91,6 +91,7 @@ class EAGLEWorkerV2:
         plain = mwb.forward_mode != ForwardMode.EXTEND and sum(mwb.spec.draft_lens) == 0
         if not plain or mwb.return_logprob or not all(mwb.sample):
             return PendingResult.done(self.forward_batch_generation(mwb))
+        t0 = time.perf_counter()
         start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
         if start is not None:
             start.record()
@@ -115,7 +116,7 @@ class EAGLEWorkerV2:
                 ),
             )
 
-        return PendingResult(finish, rows, ids_dev, start, end)
+        return PendingResult(finish, rows, ids_dev, start, end, launched_at=t0)
 
     # ---------------------------------------------------------------- prefill
     def forward_extend(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:

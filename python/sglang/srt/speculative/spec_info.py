@@ -40,6 +40,11 @@ class SpeculativeAlgorithm(Enum):
         return self == SpeculativeAlgorithm.NONE
 
 
+# Pending-state chunks a request keeps before they are copied into one tensor (each chunk
+# references a whole step's hidden states, [R, 3H]).
+COMPACT_CHUNKS = 16
+
+
 @dataclass
 class EagleDraftInput:
     """Per-request draft state, stored on the scheduler's Req.
@@ -62,13 +67,14 @@ class EagleDraftInput:
         if not self.chunks:
             return None
         if len(self.chunks) > 1 or self.chunks[0][1] != 0:
-            cat = torch.cat([t[a:b] for t, a, b in self.chunks])
-            self.chunks = [(cat, 0, self.num_pending)]
+            self._compact()
         t, _, b = self.chunks[0]
         return t if b == t.shape[0] else t[:b]
 
     def append_rows(self, hidden: torch.Tensor, start: int, end: int, max_pending: int) -> None:
-        """Add rows [start, end) of hidden: the states of newly committed positions."""
+        """Add rows [start, end) of hidden: the states of newly committed positions. Every
+        COMPACT_CHUNKS chunks are copied into one tensor of this request's rows, so a request
+        that does not draft keeps its own rows alive, not whole step outputs."""
         if self.stale or end <= start:
             return
         self.chunks.append((hidden, start, end))
@@ -76,6 +82,20 @@ class EagleDraftInput:
         if self.num_pending > max_pending:  # bound memory for requests that stopped drafting
             self.clear()
             self.stale = True
+        elif len(self.chunks) >= COMPACT_CHUNKS:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Replace the chunks by one concatenation (on the current stream). The sources may
+        come from the overlap worker's stream and be freed right after: record_stream keeps
+        their memory from being reused there before this copy has read it."""
+        srcs = [t for t, _, _ in self.chunks]
+        cat = torch.cat([t[a:b] for t, a, b in self.chunks])
+        if cat.is_cuda:
+            stream = torch.cuda.current_stream(cat.device)
+            for t in {id(t): t for t in srcs}.values():
+                t.record_stream(stream)
+        self.chunks = [(cat, 0, self.num_pending)]
 
     def clear(self) -> None:
         """The draft consumed every pending state."""

@@ -215,7 +215,9 @@ def graph_workspace_bytes(
     return num_qo_heads * head_dim * 4 * rows + (64 << 20)
 
 
-_OVERFLOW = re.compile(r"allocating memory for \S+ with size (\d+)")
+# Split-KV partial outputs (tmp_v, tmp_s) live in the float workspace; other names are buffers
+# of the integer workspace, which growing the float one cannot help.
+_OVERFLOW = re.compile(r"allocating memory for \S*tmp_[vs]\S* with size (\d+)")
 
 
 def workspace_overflow_bytes(err: BaseException) -> int | None:

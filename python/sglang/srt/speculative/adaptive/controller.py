@@ -53,9 +53,9 @@ class AdaptiveController:
         self.overhead_s = 0.0  # EMA of step wall time minus forward time
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
         self.last = {"bs": 0, "sum_d": 0, "predicted_s": 0.0, "measured_s": 0.0}
-        # an all-zero choice reused for _zero_left more steps while the slots stay _zero_slots
+        # an all-zero choice reused for _zero_left more steps while (slots, caps) stay _zero_key
         self._zero_left = 0
-        self._zero_slots: list[int] | None = None
+        self._zero_key: tuple[list[int], list[int]] | None = None
 
     # ---------------------------------------------------------------- setup
     def profile(
@@ -82,6 +82,7 @@ class AdaptiveController:
         """A new request took request slot `slot`."""
         self.tracker.reset_slot(slot)
         self.prev[slot] = -1
+        self._zero_left = 0  # a new request: decide afresh
 
     # ---------------------------------------------------------------- decide
     def time_fn(self, x: np.ndarray) -> np.ndarray:
@@ -92,15 +93,17 @@ class AdaptiveController:
     def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
         """Draft length per request, each in [0, caps[i]].
 
-        When the policy chose all zeros for exactly these requests (same slots, same order),
-        that choice is reused for the next cfg.recheck_every - 1 steps without running the
-        policy: a server under load that does not speculate then pays almost nothing per
-        step for the decision (the policy's numpy work is ~0.1-1 ms of host time per step,
-        which matters when steps are a few ms). Any change of the batch re-runs it."""
+        When the policy chose all zeros for exactly these requests (same slots in the same
+        order, same caps, no request admitted since), that choice is reused for the next
+        cfg.recheck_every - 1 steps without running the policy: a server under load that does
+        not speculate then pays almost nothing per step for the decision (the policy's numpy
+        work is ~0.1-1 ms of host time per step, which matters when steps are a few ms). Any
+        change of the batch or its caps re-runs it."""
         if not reqs or max(caps) == 0:
+            self._zero_left = 0
             return [0] * len(reqs)
         slots = [r.req_pool_idx for r in reqs]
-        if self._zero_left > 0 and slots == self._zero_slots:
+        if self._zero_left > 0 and (slots, list(caps)) == self._zero_key:
             self._zero_left -= 1
             return [0] * len(reqs)
         view = BatchView(
@@ -112,9 +115,9 @@ class AdaptiveController:
         )
         chosen = self.policy.choose(view, self.time_fn).tolist()
         if any(chosen):
-            self._zero_left, self._zero_slots = 0, None
+            self._zero_left, self._zero_key = 0, None
         else:
-            self._zero_left, self._zero_slots = self.cfg.recheck_every - 1, slots
+            self._zero_left, self._zero_key = self.cfg.recheck_every - 1, (slots, list(caps))
         return chosen
 
     # ---------------------------------------------------------------- learn
