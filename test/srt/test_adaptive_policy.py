@@ -260,6 +260,9 @@ def test_server_args_validation():
     a = ServerArgs(speculative_adaptive=True)
     with pytest.raises(ValueError, match="--speculative-adaptive needs"):
         resolve_speculative_args(a, bundled=False)
+    a = ServerArgs(speculative_adaptive_config='{"recheck_every": 2}')  # the config alone
+    with pytest.raises(ValueError, match="--speculative-adaptive-config needs"):
+        resolve_speculative_args(a, bundled=False)
 
 
 # ------------------------------------------------------------------------------ engine

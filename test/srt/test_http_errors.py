@@ -144,6 +144,19 @@ def test_validation_error_names_param(server):
     assert err["param"] == "logit_bias"
 
 
+def test_context_length_errors_name_the_field(server):
+    """A text prompt too long for the context (caught by the engine after tokenising) blames
+    the prompt, not 'model' (a word of its message); max_tokens alone does not invent a
+    prompt length. Both carry OpenAI's code context_length_exceeded."""
+    err = _assert_openai_error(_send(server, COMP, comp(prompt=LONG_TEXT)), 400, "context")
+    assert err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    err = _assert_openai_error(_send(server, COMP, comp(max_tokens=10**8)), 400, "max_tokens")
+    assert err["param"] == "max_tokens" and err["code"] == "context_length_exceeded"
+    assert "prompt tokens" not in err["message"]  # the text prompt is not tokenised yet
+    err = _assert_openai_error(_send(server, CHAT, chat(max_tokens=10**8)), 400, "max_tokens")
+    assert "(+ " in err["message"] and err["code"] == "context_length_exceeded"
+
+
 def test_api_key(server):
     url = server.base_url
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}

@@ -76,8 +76,13 @@ def default_attention_backend(device: str, dtype, head_dim: int = 128) -> str:
 def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
     """Upstream's speculative flags; this fork drafts chains (topk 1) of up to K tokens."""
     if a.speculative_algorithm is None:
-        if a.speculative_adaptive or a.speculative_adaptive_config is not None:
+        if a.speculative_adaptive:
             raise ValueError("--speculative-adaptive needs --speculative-algorithm")
+        if a.speculative_adaptive_config is not None:
+            raise ValueError(
+                "--speculative-adaptive-config needs --speculative-algorithm and "
+                "--speculative-adaptive"
+            )
         return
     if a.speculative_adaptive_config is not None and not a.speculative_adaptive:
         raise ValueError("--speculative-adaptive-config needs --speculative-adaptive")

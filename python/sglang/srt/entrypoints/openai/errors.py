@@ -84,6 +84,10 @@ def from_engine_exception(e: BaseException) -> OpenAIError:
         return e
     if type(e).__name__ == "QueueFullError":
         return OpenAIError(str(e) or "the request queue is full", 503, code="queue_full")
+    code = getattr(e, "code", None)
+    if code == "context_length_exceeded":  # request_validation.ContextLengthError
+        param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
+        return OpenAIError(str(e), 400, param=param, code=code)
     if isinstance(e, (ValueError, TypeError)):
         return OpenAIError(str(e), 400, param=param_named_in(str(e)))
     raise e

@@ -198,13 +198,16 @@ def check_max_tokens(tm: Any, max_tokens: int | None, prompt_len: int | None, pa
             f"{ctx} tokens.",
             400,
             param=param,
+            code="context_length_exceeded",
         )
     if max_tokens is not None and max_tokens + (prompt_len or 0) > ctx:
+        prompt = f" (+ {prompt_len} prompt tokens)" if prompt_len is not None else ""
         raise OpenAIError(
-            f"max_tokens is too large: {max_tokens} (+ {prompt_len or 0} prompt tokens) exceeds "
-            f"the model's context length of {ctx} tokens.",
+            f"max_tokens is too large: {max_tokens}{prompt} exceeds the model's context length "
+            f"of {ctx} tokens.",
             400,
             param="max_tokens",
+            code="context_length_exceeded",
         )
 
 
