@@ -272,8 +272,11 @@ class BatchBuilder:
         rows = []
         for r in reqs:
             assert not needs_inflight_token(r), "penalties need the in-flight token: drain first"
-            out = r.output_ids + [0] * r.inflight_tokens
-            rows.append(SamplingRow(r.sampling_params, r.origin_input_ids, out, r.seed))
+            rows.append(
+                SamplingRow(
+                    r.sampling_params, r.origin_input_ids, r.output_ids, r.seed, r.inflight_tokens
+                )
+            )
         return SamplingBatchInfo.from_rows(
             rows, mc.vocab_size, self.s.tp_worker.device, mc.eos_token_ids
         )

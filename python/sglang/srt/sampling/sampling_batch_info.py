@@ -29,12 +29,23 @@ class SamplingReq(Protocol):
 
 @dataclass
 class SamplingRow:
-    """Host-side description of one row (kept so that `expand` can rebuild rows)."""
+    """Host-side description of one row (kept so that `expand` can rebuild rows).
+
+    output_ids may be the request's own list (not a copy): rows are read while the step is
+    built and by `expand` within the same step, before the request commits more tokens.
+    """
 
     params: SamplingParams
     prompt_ids: list[int]
     output_ids: list[int]  # generated ids counted for penalties (incl. drafts for spec rows)
     seed: int
+    # tokens generated but not known yet (overlap scheduling's in-flight token): counted in the
+    # output length (random position, min_new_tokens), never read (penalties drain first)
+    unknown: int = 0
+
+    @property
+    def num_output(self) -> int:
+        return len(self.output_ids) + self.unknown
 
 
 @dataclass
@@ -101,21 +112,27 @@ class SamplingBatchInfo:
         greedy = [_is_greedy(p) for p in params]
         top_ks = [_effective_top_k(p, vocab_size) for p in params]
 
-        def f32(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
-
-        def i64(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+        # Two host-to-device copies per step (each a synchronous call that releases the GIL):
+        # [3, bs] float32 rows and [3, bs] int64 rows, viewed as the fields below.
+        floats = torch.tensor(
+            [temps, [p.top_p for p in params], [p.min_p for p in params]],
+            dtype=torch.float32,
+        ).to(device)
+        ints = torch.tensor(
+            [top_ks, [to_int64_seed(r.seed) for r in rows], [r.num_output for r in rows]],
+            dtype=torch.int64,
+        ).to(device)
+        if not rows:
+            floats, ints = floats.view(3, 0), ints.view(3, 0)
         info = cls(
-            temperatures=f32(temps).view(-1, 1),
-            top_ps=f32([p.top_p for p in params]),
-            top_ks=i64(top_ks),
-            min_ps=f32([p.min_p for p in params]),
-            seeds=i64([to_int64_seed(r.seed) for r in rows]),
-            random_positions=i64([len(r.output_ids) for r in rows]),
-            greedy_mask=torch.tensor(greedy, dtype=torch.bool, device=device),
+            temperatures=floats[0].view(-1, 1),
+            top_ps=floats[1],
+            top_ks=ints[0],
+            min_ps=floats[2],
+            seeds=ints[1],
+            random_positions=ints[2],
+            greedy_mask=ints[0] == 1,  # greedy rows (and only they) have effective top-k 1
             is_all_greedy=all(greedy),
             need_top_k=any(k < vocab_size for k, g in zip(top_ks, greedy, strict=True) if not g),
             need_top_p=any(p.top_p < 1.0 for p, g in zip(params, greedy, strict=True) if not g),
@@ -148,7 +165,7 @@ class SamplingBatchInfo:
         if any(p.logit_bias for p in params):
             biases = [_int_keys(p.logit_bias) for p in params]
             self.logit_bias = penaltylib.logit_bias_tensor(biases, V, dev)
-        active = [len(r.output_ids) < r.params.min_new_tokens for r in rows]
+        active = [r.num_output < r.params.min_new_tokens for r in rows]
         if any(active):
             self.min_tokens_active = torch.tensor(active, dtype=torch.bool, device=dev)
             stops = [sorted(eos | set(r.params.stop_token_ids or ())) for r in rows]
@@ -172,7 +189,7 @@ class SamplingBatchInfo:
             if count < 1 or len(drafts) < count - 1:
                 raise ValueError(f"expand: {count} rows need >= {count - 1} drafts and count >= 1")
             for j in range(count):
-                out = row.output_ids + list(drafts[:j])
+                out = row.output_ids + [0] * row.unknown + list(drafts[:j])
                 new_rows.append(SamplingRow(row.params, row.prompt_ids, out, row.seed))
         return SamplingBatchInfo.from_rows(
             new_rows, self.vocab_size, self.device, self.eos_token_ids
