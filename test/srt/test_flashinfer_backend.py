@@ -307,3 +307,66 @@ def test_cuda_graph_replay_with_padding_equals_eager(cfg, kind):
         torch.testing.assert_close(got, expected, **BF16_TOL)
         eager = world.eager(eager_backend, real, qkv)
         torch.testing.assert_close(got, eager.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_capture_plan_overflow_grows_the_workspace_and_replans(monkeypatch):
+    """The grow-and-retry path of graph capture, without a GPU: the first plan of a graph
+    overflows FlashInfer's float workspace (its AlignedAllocator message); the backend grows
+    the workspace by what was asked (+ 64 MiB), builds a new wrapper over it and plans again.
+    Other errors, and overflows of integer-workspace buffers, propagate."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention import flashinfer_backend as fib
+
+    sizes = []
+
+    class FakeWs:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def numel(self) -> int:
+            return self.n
+
+    def fake_workspace(device, min_bytes=0):
+        sizes.append(min_bytes)
+        return FakeWs(min_bytes)
+
+    monkeypatch.setattr(fib, "_float_workspace", fake_workspace)
+    be = object.__new__(fib.FlashInferAttnBackend)
+    be.device, be.num_qo_heads, be._graph_wrappers = "cpu", 32, {}
+    be._graph = object()  # capture state exists
+    be.workspace = FakeWs(400 << 20)
+    built, plans = [], []
+    be._new_wrapper = lambda is_decode, use_tc, bs=None: built.append(be.workspace.n) or len(built)
+    overflow = (
+        "Buffer overflow when allocating memory for batch_prefill_tmp_v with size 568328192 and "
+        "alignment 16, but only 402653184 bytes available in AlignedAllocator."
+    )
+
+    def replay(fb, max_extend_len):
+        plans.append(be._graph_wrappers[(fb.batch_size, fb.num_tokens)][0])
+        if len(plans) == 1:
+            raise RuntimeError(overflow)
+
+    be.init_forward_metadata_replay_cuda_graph = replay
+    fb = SimpleNamespace(
+        batch_size=256, num_tokens=512, token_to_kv_pool=SimpleNamespace(head_num=8)
+    )
+    be.init_forward_metadata_capture_cuda_graph(fb, 2)
+    assert plans == [1, 2]  # planned on the first wrapper, then on one over the grown buffer
+    assert sizes == [(400 << 20) + 568_328_192 + (64 << 20)]
+    assert built == [400 << 20, sizes[0]] and be._graph_wrappers[(256, 512)][0] == 2
+
+    def fails(msg):
+        def replay(fb, max_extend_len):
+            raise RuntimeError(msg)
+
+        return replay
+
+    for msg in (
+        "CUDA error: an illegal memory access",
+        overflow.replace("tmp_v", "request_indices"),
+    ):
+        be.init_forward_metadata_replay_cuda_graph = fails(msg)
+        with pytest.raises(RuntimeError, match=msg[:20]):
+            be.init_forward_metadata_capture_cuda_graph(fb, 2)
