@@ -328,6 +328,23 @@ def test_sigterm_stops_every_process(tiny_model_dir):
     os.unlink(srv.log.name)
 
 
+def test_engine_shutdown_is_clean(tiny_model_dir):
+    """Engine.shutdown SIGTERMs the scheduler, which exits through SystemExit: no traceback
+    and no 'leaked semaphore' report from the parent's resource tracker at exit."""
+    script = (
+        "import sglang\n"
+        "if __name__ == '__main__':\n"
+        f"    with sglang.Engine(model_path={tiny_model_dir!r}) as e:\n"
+        "        print(len(e.generate('hi', {'max_new_tokens': 2})['output_ids']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "2"
+    assert "leaked semaphore" not in out.stderr and "Traceback" not in out.stderr
+
+
 def _drain_quietly(srv: ServerProcess) -> None:
     try:
         body = {"text": "Go on forever", "stream": True, "sampling_params": greedy(2000)}

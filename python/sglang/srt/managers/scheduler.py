@@ -28,6 +28,8 @@ run's.
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -322,6 +324,10 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
     from sglang.srt.utils.process import set_parent_death_signal
 
     set_parent_death_signal()
+    # SIGTERM (Engine.shutdown, the server's exit) ends the process through SystemExit, so
+    # multiprocessing finalizers run (tqdm's lock semaphore is unlinked instead of reported
+    # as leaked by the parent's resource tracker).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     torch.set_grad_enabled(False)
     logging.basicConfig(
         level=server_args.log_level.upper(),
@@ -338,5 +344,5 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
     pipe.send({"status": "ready", "max_total_num_tokens": scheduler.max_total_num_tokens})
     try:
         scheduler.event_loop()
-    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: exit quietly
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C reaches the process group; SIGTERM
         pass
