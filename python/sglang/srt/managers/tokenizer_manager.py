@@ -250,9 +250,13 @@ class TokenizerManager:
         while True:
             await state.event.wait()
             state.event.clear()
-            if stream or state.finished:
+            # Read `finished` once: the request may finish while this generator is suspended
+            # at the yield below; its final output must then still be yielded (the event is
+            # set again, so the next iteration does), not dropped by a re-read after it.
+            finished = state.finished
+            if stream or finished:
                 yield self._output(state)
-            if state.finished:
+            if finished:
                 return
 
     async def _final(self, rid: str) -> dict:
