@@ -23,6 +23,29 @@ import torch
 from sglang.srt.managers.schedule_batch import GenerationBatchResult
 
 
+def begin_step(device: torch.device) -> tuple[float, torch.cuda.Event | None]:
+    """Mark the start of a launched step: (perf_counter, timing event recorded on the current
+    stream on CUDA, else None). Pass it to PendingResult.from_device_ids."""
+    start = None
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+    return time.perf_counter(), start
+
+
+def copy_to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying t (any device) to pinned host memory. Returns (host tensor, timing event
+    recorded after the copy on the current stream); read the host tensor only after
+    event.synchronize(). On the CPU: (t, None)."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return host, event
+
+
 class PendingResult:
     """One launched step.
 
@@ -52,6 +75,21 @@ class PendingResult:
         # Inputs of the step (the ModelWorkerBatch): their device tensors were allocated on the
         # scheduler's stream and are read by the worker's; held until the step finished.
         self.keep_alive: Any = None
+
+    @classmethod
+    def from_device_ids(
+        cls,
+        rows: list[int],
+        ids: torch.Tensor,
+        to_result: Callable[[list[int]], GenerationBatchResult],
+        began: tuple[float, Any],
+    ) -> PendingResult:
+        """A step whose sampled ids ([len(rows)] int64, device) are queued: start their copy
+        to the host; finish() calls to_result(ids as a host list). began: begin_step()'s
+        value, taken before the step's kernels were queued."""
+        host, end = copy_to_host_async(ids)
+        launched_at, start = began
+        return cls(lambda: to_result(host.tolist()), rows, ids, start, end, launched_at)
 
     @classmethod
     def done(cls, result: GenerationBatchResult) -> PendingResult:

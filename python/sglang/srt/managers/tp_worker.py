@@ -12,7 +12,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.sampler import Sampler
-from sglang.srt.managers.pending_result import PendingResult
+from sglang.srt.managers.pending_result import PendingResult, begin_step
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -24,19 +24,6 @@ def top_logprobs_of(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
         return []
     vals, ids = logprobs.topk(k)
     return list(zip(vals.tolist(), ids.tolist(), strict=True))
-
-
-def copy_to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Start copying t (any device) to pinned host memory. Returns (host tensor, timing event
-    recorded after the copy on the current stream); read the host tensor only after
-    event.synchronize(). On the CPU: (t, None)."""
-    if t.device.type != "cuda":
-        return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return host, event
 
 
 def sampled_logits(mwb: ModelWorkerBatch, logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
@@ -82,22 +69,18 @@ class TpModelWorker:
         read logprobs back run synchronously (their host work needs the values)."""
         if mwb.return_logprob:
             return PendingResult.done(self.forward_batch_generation(mwb))
-        t0 = time.perf_counter()
-        start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
-        if start is not None:
-            start.record()
+        began = begin_step(self.device)
         logits = self.model_runner.forward_worker_batch(mwb).next_token_logits  # [rows, V] f32
-        rows, ids_dev = self.sample_launch(mwb, logits)
-        host, end = copy_to_host_async(ids_dev)
+        rows, ids = self.sample_launch(mwb, logits)
         bs = mwb.batch_size
 
-        def finish() -> GenerationBatchResult:
+        def to_result(host_ids: list[int]) -> GenerationBatchResult:
             next_ids: list[int | None] = [None] * bs
-            for i, t in zip(rows, host.tolist(), strict=True):
+            for i, t in zip(rows, host_ids, strict=True):
                 next_ids[i] = t
             return GenerationBatchResult(next_token_ids=next_ids)
 
-        return PendingResult(finish, rows, ids_dev, start, end, launched_at=t0)
+        return PendingResult.from_device_ids(rows, ids, to_result, began)
 
     def sample_launch(
         self, mwb: ModelWorkerBatch, logits: torch.Tensor

@@ -16,9 +16,9 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
-from sglang.srt.managers.pending_result import PendingResult
+from sglang.srt.managers.pending_result import PendingResult, begin_step
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
-from sglang.srt.managers.tp_worker import TpModelWorker, copy_to_host_async
+from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.sampling.random import (
@@ -37,6 +37,24 @@ from sglang.srt.speculative.draft_config import (
 from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
 from sglang.srt.speculative.verify import speculative_sample, verify_greedy
+
+
+def plain_decode_output(
+    ids: list[int],
+    hidden: torch.Tensor,
+    logprobs: list[float] | None = None,
+    top_logprobs: list | None = None,
+) -> SpecStepOutput:
+    """The SpecStepOutput of a step where every d_i = 0: request i commits ids[i] (no draft
+    accepted) and its aux hidden state is row i of hidden ([bs, 3H])."""
+    return SpecStepOutput(
+        tokens=[[t] for t in ids],
+        num_accepted=[0] * len(ids),
+        logprobs=[[lp] for lp in logprobs] if logprobs is not None else None,
+        top_logprobs=[[t] for t in top_logprobs] if logprobs is not None else None,
+        hidden_states=hidden,
+        hidden_starts=list(range(len(ids))),
+    )
 
 
 class EAGLEWorkerV2:
@@ -91,32 +109,18 @@ class EAGLEWorkerV2:
         plain = mwb.forward_mode != ForwardMode.EXTEND and sum(mwb.spec.draft_lens) == 0
         if not plain or mwb.return_logprob or not all(mwb.sample):
             return PendingResult.done(self.forward_batch_generation(mwb))
-        t0 = time.perf_counter()
-        start = torch.cuda.Event(enable_timing=True) if self.device.type == "cuda" else None
-        if start is not None:
-            start.record()
+        began = begin_step(self.device)
         out = self.model_runner.forward_worker_batch(
             mwb, capture_hidden_mode=CaptureHiddenMode.LAST
         )
-        rows, ids_dev = self.target_worker.sample_launch(mwb, out.next_token_logits)
-        host, end = copy_to_host_async(ids_dev)
-        hidden, bs = out.hidden_states, mwb.batch_size  # [bs, 3H] on the device
+        rows, ids = self.target_worker.sample_launch(mwb, out.next_token_logits)
 
-        def finish() -> GenerationBatchResult:
-            ids = host.tolist()  # every row of a decode step samples
-            return GenerationBatchResult(
-                next_token_ids=ids,
-                spec=SpecStepOutput(
-                    tokens=[[t] for t in ids],
-                    num_accepted=[0] * bs,
-                    logprobs=None,
-                    top_logprobs=None,
-                    hidden_states=hidden,
-                    hidden_starts=list(range(bs)),
-                ),
+        def to_result(host_ids: list[int]) -> GenerationBatchResult:
+            return GenerationBatchResult(  # every row of a decode step samples
+                next_token_ids=host_ids, spec=plain_decode_output(host_ids, out.hidden_states)
             )
 
-        return PendingResult(finish, rows, ids_dev, start, end, launched_at=t0)
+        return PendingResult.from_device_ids(rows, ids, to_result, began)
 
     # ---------------------------------------------------------------- prefill
     def forward_extend(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
@@ -162,15 +166,11 @@ class EAGLEWorkerV2:
             mwb, capture_hidden_mode=CaptureHiddenMode.LAST
         )
         result = self.target_worker.sample(mwb, out.next_token_logits)
-        bs = mwb.batch_size
-        lps = result.next_token_logprobs
-        result.spec = SpecStepOutput(
-            tokens=[[t] for t in result.next_token_ids],
-            num_accepted=[0] * bs,
-            logprobs=[[lp] for lp in lps] if lps is not None else None,
-            top_logprobs=[[t] for t in result.next_top_logprobs] if lps is not None else None,
-            hidden_states=out.hidden_states,
-            hidden_starts=list(range(bs)),
+        result.spec = plain_decode_output(
+            result.next_token_ids,
+            out.hidden_states,
+            result.next_token_logprobs,
+            result.next_top_logprobs,
         )
         return result
 
