@@ -57,7 +57,7 @@ def test_graph_workspace_covers_the_measured_8b_verify_plans():
     568,328,192 for the bs-256 x 2-token one (K = 1): the estimate covers both (the second
     overflowed an estimate proportional to tokens alone); SmolLM2 keeps the 384 MiB default.
     An overflow message is recognised, with the size it asked for."""
-    from sglang.srt.layers.attention.flashinfer_backend import (
+    from sglang.srt.layers.attention.flashinfer_workspace import (
         graph_workspace_bytes,
         workspace_overflow_bytes,
     )
@@ -331,7 +331,7 @@ def test_capture_plan_overflow_grows_the_workspace_and_replans(monkeypatch):
         sizes.append(min_bytes)
         return FakeWs(min_bytes)
 
-    monkeypatch.setattr(fib, "_float_workspace", fake_workspace)
+    monkeypatch.setattr(fib, "float_workspace", fake_workspace)
     be = object.__new__(fib.FlashInferAttnBackend)
     be.device, be.num_qo_heads, be._graph_wrappers = "cpu", 32, {}
     be._graph = object()  # capture state exists

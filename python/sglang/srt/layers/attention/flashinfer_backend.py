@@ -19,7 +19,6 @@ its real queries keep their causal alignment and the extra rows are garbage nobo
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
@@ -29,7 +28,11 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.server_args import env_flag
+from sglang.srt.layers.attention.flashinfer_workspace import (
+    float_workspace,
+    graph_workspace_bytes,
+    workspace_overflow_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +40,6 @@ if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-# Float workspace shared by every wrapper on a device (they run one at a time on one stream);
-# upstream's default size, overridable with SGLANG_FLASHINFER_WORKSPACE_SIZE (bytes).
-DEFAULT_WORKSPACE_BYTES = 384 << 20
-_WORKSPACES: dict[torch.device, torch.Tensor] = {}
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 EAGER_RING = 2  # eager wrappers per kind, used in turn (see _plan on pinned plan buffers)
@@ -189,44 +188,6 @@ def _num_qo_heads(runner) -> int | None:
     return None
 
 
-def _float_workspace(device: torch.device, min_bytes: int = 0) -> torch.Tensor:
-    """The device's shared float workspace, grown (a new buffer) when smaller than min_bytes;
-    wrappers planned earlier keep the buffer they were given."""
-    ws = _WORKSPACES.get(device)
-    if ws is None or ws.numel() < min_bytes:
-        size = int(env_flag("FLASHINFER_WORKSPACE_SIZE") or DEFAULT_WORKSPACE_BYTES)
-        size = max(size, min_bytes)
-        ws = _WORKSPACES[device] = torch.zeros(size, dtype=torch.uint8, device=device)
-    return ws
-
-
-def graph_workspace_bytes(
-    max_num_tokens: int, num_qo_heads: int, head_dim: int, num_sms: int = 132
-) -> int:
-    """Float workspace a CUDA-graph plan may need. In graph mode FlashInfer sizes its split-KV
-    partial outputs (float32 rows of num_qo_heads x head_dim) for the worst case: a floor set
-    by the grid (SM count) plus a share per token. Measured on the H200 (132 SMs, 0.6.18,
-    32 heads x 128): batch_prefill_tmp_v of 568,328,192 bytes for a 512-token verify graph and
-    635,437,056 for 1536 tokens, i.e. about 32,640 + 4 x tokens rows. Estimate: 256 rows per
-    SM + 8 per token, plus 64 MiB for the rest. A plan that still overflows grows the
-    workspace and is retried (FlashInferAttnBackend.init_forward_metadata_capture_cuda_graph).
-    """
-    rows = 256 * num_sms + 8 * max_num_tokens
-    return num_qo_heads * head_dim * 4 * rows + (64 << 20)
-
-
-# Split-KV partial outputs (tmp_v, tmp_s) live in the float workspace; other names are buffers
-# of the integer workspace, which growing the float one cannot help.
-_OVERFLOW = re.compile(r"allocating memory for \S*tmp_[vs]\S* with size (\d+)")
-
-
-def workspace_overflow_bytes(err: BaseException) -> int | None:
-    """Bytes FlashInfer asked for when planning overflowed its workspace (its AlignedAllocator
-    message), or None when err is something else."""
-    m = _OVERFLOW.search(str(err)) if "Buffer overflow" in str(err) else None
-    return int(m.group(1)) if m else None
-
-
 class FlashInferAttnBackend(AttentionBackend):
     """Attention through flashinfer-python (tested with 0.6.18; kernels are JIT-compiled on
     first use). Args: model_runner (device, dtype, req_to_token_pool and the model's number of
@@ -261,7 +222,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self.num_qo_heads = num_qo_heads or _num_qo_heads(model_runner)
         if not self.num_qo_heads:
             raise ValueError("flashinfer backend: the model runner gives no num_attention_heads")
-        self.workspace = _float_workspace(self.device)
+        self.workspace = float_workspace(self.device)
         self._eager: dict[tuple[bool, bool], list] = {}  # (is_decode, tensor cores) -> ring
         self._eager_calls = 0
         self._plan_events: dict[int, torch.cuda.Event] = {}  # id(wrapper) -> after its plan
@@ -367,7 +328,7 @@ class FlashInferAttnBackend(AttentionBackend):
         head_dim = getattr(getattr(self.model_runner, "model_config", None), "head_dim", 128)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         need = graph_workspace_bytes(max_num_tokens, self.num_qo_heads, head_dim, sms)
-        self.workspace = _float_workspace(dev, need)  # graph wrappers are built after this
+        self.workspace = float_workspace(dev, need)  # graph wrappers are built after this
         self._graph = _GraphBuffers(
             qo_indptr=torch.zeros(max_bs + 1, dtype=i32, device=dev),
             kv_indptr=torch.zeros(max_bs + 1, dtype=i32, device=dev),
@@ -400,7 +361,7 @@ class FlashInferAttnBackend(AttentionBackend):
             # before keep the buffer their wrappers were planned on (still referenced).
             grown = self.workspace.numel() + asked + (64 << 20)
             logger.info("FlashInfer workspace grown to %d MiB for graph %s", grown >> 20, key)
-            self.workspace = _float_workspace(self.device, grown)
+            self.workspace = float_workspace(self.device, grown)
             wrapper = self._new_wrapper(is_decode, use_tc, bs=fb.batch_size)
             self._graph_wrappers[key] = (wrapper, is_decode)
             self.init_forward_metadata_replay_cuda_graph(fb, max_extend_len)
