@@ -123,8 +123,6 @@ class SamplingBatchInfo:
             [top_ks, [to_int64_seed(r.seed) for r in rows], [r.num_output for r in rows]],
             dtype=torch.int64,
         ).to(device)
-        if not rows:
-            floats, ints = floats.view(3, 0), ints.view(3, 0)
         info = cls(
             temperatures=floats[0].view(-1, 1),
             top_ps=floats[1],

@@ -18,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sglang.srt.managers.request_validation import ContextLengthError
+
 logger = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
@@ -84,10 +86,9 @@ def from_engine_exception(e: BaseException) -> OpenAIError:
         return e
     if type(e).__name__ == "QueueFullError":
         return OpenAIError(str(e) or "the request queue is full", 503, code="queue_full")
-    code = getattr(e, "code", None)
-    if code == "context_length_exceeded":  # request_validation.ContextLengthError
+    if isinstance(e, ContextLengthError):
         param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
-        return OpenAIError(str(e), 400, param=param, code=code)
+        return OpenAIError(str(e), 400, param=param, code=e.code)
     if isinstance(e, (ValueError, TypeError)):
         return OpenAIError(str(e), 400, param=param_named_in(str(e)))
     raise e
