@@ -7,7 +7,9 @@ replay of its CUDA graph alone, with and without overlap scheduling.
 
 Per mode (`overlap`: the default CUDA scheduler loop, steps queued ahead of the GPU; `sync`:
 --disable-overlap-schedule, each step waits for its tokens; `adaptive`: overlap with EAGLE-3
-(--draft-path, default the bundled draft) and --speculative-adaptive), in a fresh process:
+(--draft-path, default the bundled draft) and --speculative-adaptive; `static_sync`: the same
+draft at a static K = --spec-k with overlap off, so that --cprofile sees the whole speculative
+step on the scheduler thread), in a fresh process:
 an in-process Scheduler (no HTTP, no tokenizer process) decodes --batch-size requests (random
 prompt ids, greedy, ignore_eos) and reports
 
@@ -15,6 +17,9 @@ prompt ids, greedy, ignore_eos) and reports
   ends), i.e. what one token of each request costs end to end inside the scheduler;
 - graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
 - host_overhead_ms = step_ms - graph_ms: time the GPU is not running the model's graph;
+- speculative modes: the scheduler's speculative counters (drafting steps, accepted drafts)
+  and, for `adaptive`, the controller's per-step debug lines (predicted / measured step time)
+  and its fitted step-time coefficients;
 - with --weight-bytes (config arithmetic of bench_common.llama_weight_bytes) and the copy
   bandwidth measured in the same process: roofline_ms and roofline_fraction = roofline_ms /
   step_ms.
@@ -28,6 +33,7 @@ import argparse
 import cProfile
 import io
 import json
+import logging
 import pstats
 import subprocess
 import sys
@@ -50,21 +56,25 @@ def one_mode(a: argparse.Namespace) -> dict:
 
     torch.set_grad_enabled(False)
     spec = {}
-    if a.mode == "adaptive":  # EAGLE-3 (the bundled draft unless --draft-path) + the policy
+    trace: list[str] = []
+    if a.mode in ("adaptive", "static_sync"):  # EAGLE-3 (the bundled draft unless --draft-path)
         spec = dict(
             speculative_algorithm="EAGLE3",
             speculative_draft_model_path=a.draft_path,
-            speculative_num_steps=5,
-            speculative_adaptive=True,
+            speculative_num_steps=5 if a.mode == "adaptive" else a.spec_k,
+            speculative_adaptive=a.mode == "adaptive",
         )
+        log = logging.getLogger("sglang.srt.speculative.adaptive.controller")
+        log.setLevel(logging.DEBUG)
+        log.addHandler(_ListHandler(trace))
     sched = make_scheduler(
         a.model_path,  # None: the bundled SmolLM2-135M-Instruct
         load_format=a.load_format,
         dtype=a.dtype,
-        device="cuda",
+        device=a.device,
         max_total_tokens=a.max_total_tokens,
         cuda_graph_bs=[a.batch_size],
-        disable_overlap_schedule=a.mode == "sync",
+        disable_overlap_schedule=a.mode in ("sync", "static_sync"),
         attention_backend=a.attention_backend,
         **spec,
     )
@@ -72,45 +82,81 @@ def one_mode(a: argparse.Namespace) -> dict:
     params = {"max_new_tokens": warm + a.steps + 16, "temperature": 0, "ignore_eos": True}
     gen = torch.Generator().manual_seed(0)
     for i in range(a.batch_size):
-        ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
+        if a.mtbench:  # real text under the chat template (draft acceptance as in serving)
+            ids = _mtbench_ids(sched.tokenizer, i)
+        else:
+            ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
         submit(sched, f"r{i}", ids, params)
     while sched.waiting_queue or sched.chunked_req:
         sched.step()
     for _ in range(warm):
         sched.step()
-    torch.cuda.synchronize()
+    _sync(a.device)
     prof = cProfile.Profile() if a.cprofile else None
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
     for _ in range(a.steps):
         sched.step()
-    torch.cuda.synchronize()
+    _sync(a.device)
     step_ms = 1e3 * (time.perf_counter() - t0) / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms}
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
-        out["scheduler_thread_cprofile_top25"] = text.getvalue().splitlines()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+        out["scheduler_thread_cprofile_top30"] = text.getvalue().splitlines()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
+        out["scheduler_thread_cprofile_cumulative45"] = text.getvalue().splitlines()
         out["note"] = "step_ms is inflated by cProfile in this run"
     runner = sched.tp_worker.model_runner.cuda_graph_runner
     if runner is not None:
         key = runner.pick(a.batch_size, a.batch_size)
         graph = runner.graphs[key]
-        torch.cuda.synchronize()
+        _sync(a.device)
         t0 = time.perf_counter()
         for _ in range(a.steps):
             graph.replay()
-        torch.cuda.synchronize()
+        _sync(a.device)
         out["graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
         out["host_overhead_ms"] = step_ms - out["graph_ms"]
     out["scheduler_stats"] = {
         k: v for k, v in sched.stats.items() if k.startswith(("forward", "overlap"))
     }
+    if sched.spec is not None:
+        out["spec"] = sched.spec.server_info()
+        out["controller_trace"] = trace[-160:]
     if sched.worker_client is not None:
         sched.worker_client.shutdown()
     return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _mtbench_ids(tokenizer, i: int) -> list[int]:
+    """Token ids of MT-Bench question i (cycled) under the tokenizer's chat template."""
+    with open(f"{REPO}/benchmark/data/mtbench_questions.jsonl") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    turn = rows[i % len(rows)]["turns"][0]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": turn}], add_generation_prompt=True, tokenize=True
+    )
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+class _ListHandler(logging.Handler):
+    """Keeps the formatted records (the adaptive controller's per-step debug lines)."""
+
+    def __init__(self, sink: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append(record.getMessage())
 
 
 def main() -> None:
@@ -123,7 +169,12 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--max-total-tokens", type=int, default=32768)
-    p.add_argument("--modes", nargs="+", default=["overlap", "sync"], help="overlap sync adaptive")
+    p.add_argument(
+        "--modes", nargs="+", default=["overlap", "sync"], help="overlap sync adaptive static_sync"
+    )
+    p.add_argument("--device", default="cuda", help="cpu: only to check the script")
+    p.add_argument("--mtbench", action="store_true", help="MT-Bench prompts, not random ids")
+    p.add_argument("--spec-k", type=int, default=1, help="K of mode static_sync")
     p.add_argument("--draft-path", default=None, help="EAGLE-3 draft of mode adaptive")
     p.add_argument("--cprofile", action="store_true", help="profile the scheduler thread")
     p.add_argument("--copy-gib", type=float, default=4.0)
@@ -140,7 +191,7 @@ def main() -> None:
 
     with open(f"{resolve_model_path(a.model_path)}/config.json") as f:
         weight_bytes = llama_weight_bytes(json.load(f), 2 if "16" in a.dtype else 4)["total"]
-    bw = measure_copy_bandwidth(int(a.copy_gib * 2**30), "cuda")
+    bw = measure_copy_bandwidth(int(a.copy_gib * 2**30), a.device)
     result["weight_bytes"] = weight_bytes
     result["bandwidth"] = bw
     roofline_ms = 1e3 * weight_bytes / (bw["bandwidth_gb_s"] * 1e9)

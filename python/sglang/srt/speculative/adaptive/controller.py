@@ -52,7 +52,15 @@ class AdaptiveController:
         self.prev = np.full(num_slots, -1, dtype=np.int64)  # [num_slots] last d per slot
         self.overhead_s = 0.0  # EMA of step wall time minus forward time
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
-        self.last = {"bs": 0, "sum_d": 0, "predicted_s": 0.0, "measured_s": 0.0}
+        self._drafting_run = 0  # consecutive choices that drafted (see cfg.probe_every)
+        self.num_probes = 0
+        self.last = {
+            "bs": 0,
+            "sum_d": 0,
+            "predicted_s": 0.0,
+            "measured_s": 0.0,
+            "forward_s": 0.0,
+        }
         # an all-zero choice reused for _zero_left more steps while (slots, caps) stay _zero_key
         self._zero_left = 0
         self._zero_key: tuple[list[int], list[int]] | None = None
@@ -86,9 +94,9 @@ class AdaptiveController:
 
     # ---------------------------------------------------------------- decide
     def time_fn(self, x: np.ndarray) -> np.ndarray:
-        """Predicted wall seconds per step for features x [m, F]."""
-        extra = self.overhead_s if self.cfg.count_overhead else 0.0
-        return self.time_model.predict(x) + extra
+        """Predicted seconds per step for features x [m, F]: wall time between consecutive
+        decode commits with cfg.count_overhead, forward time otherwise (see observe)."""
+        return self.time_model.predict(x)
 
     def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
         """Draft length per request, each in [0, caps[i]].
@@ -116,7 +124,16 @@ class AdaptiveController:
         chosen = self.policy.choose(view, self.time_fn).tolist()
         if any(chosen):
             self._zero_left, self._zero_key = 0, None
+            self._drafting_run += 1
+            probe = self.cfg.probe_every
+            if probe and self.time_model.online and self._drafting_run > probe:
+                # Measure what not drafting costs now: without it an over-estimated plain
+                # step is never corrected while the policy keeps drafting.
+                self._drafting_run = 0
+                self.num_probes += 1
+                return [0] * len(reqs)
         else:
+            self._drafting_run = 0
             self._zero_left, self._zero_key = self.cfg.recheck_every - 1, (slots, list(caps))
         return chosen
 
@@ -134,30 +151,47 @@ class AdaptiveController:
         step counter, to tell consecutive decode steps (overhead = wall interval - forward)."""
         now = time.perf_counter()
         slots = [r.req_pool_idx for r in reqs]
-        pending = [r.draft.num_pending for r in reqs]
-        x = allocation_features(draft_lens, pending, sum(r.kv_len for r in reqs))
-        predicted = self.time_model.predict(x)
+        sum_d = int(sum(draft_lens))
+        kv = sum(r.kv_len for r in reqs)
+        if sum_d:
+            pending = [r.draft.num_pending for r in reqs]
+            x = allocation_features(draft_lens, pending, kv)
+        else:  # the common step under load: its features without the per-request work
+            n = float(len(reqs))
+            x = np.array([1.0, n, n, 0.0, 0.0, 0.0, float(kv), 0.0])
+        debug = logger.isEnabledFor(logging.DEBUG)
+        # reported only: no re-solve of the model on a plain step (it costs more than the rest)
+        predicted = self.time_model.predict_unsolved(x)
+        interval = None  # wall time since the previous decode commit, when consecutive
         if self._last_commit is not None and self._last_commit[0] == step_index - 1:
-            sample = max(0.0, now - self._last_commit[1] - forward_time_s)
+            interval = now - self._last_commit[1]
+            sample = max(0.0, interval - forward_time_s)
             self.overhead_s += OVERHEAD_EMA * (sample - self.overhead_s)
         self._last_commit = (step_index, now)
-        self.time_model.update(x, forward_time_s)
+        measured = forward_time_s
+        if self.cfg.count_overhead:
+            # What the step cost the server, host work included: under overlap scheduling a
+            # plain step's host work hides behind the previous step, a drafting step's does
+            # not (it drains the pipeline), so forward times alone favour drafting.
+            measured = interval if interval is not None else forward_time_s + self.overhead_s
+        self.time_model.update(x, measured)
         self.tracker.observe(slots, draft_lens, accepted)
         self.prev[slots] = draft_lens
-        sum_d = int(sum(draft_lens))
         self.last = {
             "bs": len(reqs),
             "sum_d": sum_d,
             "predicted_s": predicted,
-            "measured_s": forward_time_s,
+            "measured_s": measured,
+            "forward_s": forward_time_s,
         }
-        if logger.isEnabledFor(logging.DEBUG):
+        if debug:
             logger.debug(
-                "spec step: bs=%d sum_d=%d predicted=%.3fms measured=%.3fms overhead=%.3fms "
-                "accept_len=%.2f",
+                "spec step: bs=%d sum_d=%d predicted=%.3fms measured=%.3fms forward=%.3fms "
+                "overhead=%.3fms accept_len=%.2f",
                 len(reqs),
                 sum_d,
                 predicted * 1e3,
+                measured * 1e3,
                 forward_time_s * 1e3,
                 self.overhead_s * 1e3,
                 (len(reqs) + sum(accepted)) / max(1, len(reqs)),
@@ -170,7 +204,9 @@ class AdaptiveController:
             "spec_adaptive_policy": self.policy.name,
             "spec_predicted_step_time_s": self.last["predicted_s"],
             "spec_measured_step_time_s": self.last["measured_s"],
+            "spec_forward_time_s": self.last["forward_s"],
             "spec_step_overhead_s": self.overhead_s,
+            "spec_zero_probes": self.num_probes,
             "spec_last_step_sum_draft_len": self.last["sum_d"],
             "spec_step_time_coef": self.time_model.coefficients(),
             "spec_server_accept_rate_per_position": self.tracker.server_alpha().tolist(),

@@ -123,6 +123,7 @@ class GoodputPolicy:
         x[:, 1:, 4] = np.maximum.accumulate(sel * (js + 1), axis=1)
         x[:, :, 5] = x[:, :, 4] > 0
         x[:, :, 6] = view.kv_tokens
+        x[:, 1:, 7] = np.cumsum(sel & (js == 0), axis=1)  # requests drafting
         tokens = np.zeros((len(depths), len(rows) + 1))
         tokens[:, 1:] = np.cumsum(sel * gains[rows, js], axis=1)
         rates = (n + tokens) / time_fn(x.reshape(-1, len(FEATURES))).reshape(tokens.shape)

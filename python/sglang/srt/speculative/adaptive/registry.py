@@ -16,7 +16,9 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "online_correction": true, "time_decay": 0.98, "time_prior_weight": 0.05,
      "profile": true,                            # warm-up sweep at startup (CUDA only)
      "profile_batch_sizes": [1, 4, 16, 64, 256],  # those that fit the pools
-     "count_overhead": true}                     # add measured scheduler time per step to T
+     "probe_every": 32,                          # after this many drafting steps in a row, one
+                                                 # plain step measures what not drafting costs
+     "count_overhead": true}                     # T is wall time between decode commits
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class AdaptiveConfig:
     time_prior_weight: float = 0.05
     profile: bool = True
     profile_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
+    probe_every: int = 32
     count_overhead: bool = True
 
 
@@ -127,6 +130,7 @@ _CHECKS = {
     "time_prior_weight": lambda v: _number("time_prior_weight", v, 0.0, 1e9, lo_open=True),
     "profile": lambda v: _bool("profile", v),
     "profile_batch_sizes": _batch_sizes,
+    "probe_every": lambda v: _int("probe_every", v, 0),
     "count_overhead": lambda v: _bool("count_overhead", v),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(AdaptiveConfig)}
