@@ -384,11 +384,15 @@ def test_idle_requests_drift_back_to_the_prior_and_are_retried():
 
 
 def test_all_zero_choice_is_reused_until_the_batch_changes():
-    """recheck_every: an all-zero decision for the same requests skips the policy for the next
-    recheck_every - 1 steps; a different batch, or the recheck, runs it again."""
+    """recheck_every: an all-zero decision for the same requests skips the policy (and the
+    caps) for the next recheck_every - 1 steps; a different batch, a new request, or the
+    recheck runs it again. decide() is what SpecScheduler.choose_draft_lens does."""
     from types import SimpleNamespace
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    def decide(c, rs, caps):
+        return [0] * len(rs) if c.reuse_zero(rs) else c.choose(rs, caps)
 
     cfg = parse_adaptive_config(json.dumps({"recheck_every": 3, "profile": False}))
     ctl = AdaptiveController(cfg, K, num_slots=8)
@@ -400,20 +404,19 @@ def test_all_zero_choice_is_reused_until_the_batch_changes():
     reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
             for i in range(4)]  # fmt: skip
     for _ in range(3):
-        assert ctl.choose(reqs, [K] * 4) == [0] * 4
+        assert decide(ctl, reqs, [K] * 4) == [0] * 4
     assert calls == [4]  # one policy run, then two reuses
-    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and calls == [4, 4]  # recheck
-    assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3 and calls == [4, 4, 3]  # batch changed
+    assert decide(ctl, reqs, [K] * 4) == [0] * 4 and calls == [4, 4]  # recheck
+    assert decide(ctl, reqs[:3], [K] * 3) == [0] * 3 and calls == [4, 4, 3]  # batch changed
     ctl.time_model = LIGHT  # drafting pays now, but the zero choice is still being reused
-    assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3
-    assert ctl.choose(reqs[:3], [K] * 3) == [0] * 3
-    assert min(ctl.choose(reqs[:3], [K] * 3)) > 0 and calls == [4, 4, 3, 3]
+    assert decide(ctl, reqs[:3], [K] * 3) == [0] * 3
+    assert decide(ctl, reqs[:3], [K] * 3) == [0] * 3
+    assert min(decide(ctl, reqs[:3], [K] * 3)) > 0 and calls == [4, 4, 3, 3]
     ctl.time_model = nothing_pays
-    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and calls[-1] == 4  # new batch: runs
-    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and len(calls) == 5  # reused
-    assert ctl.choose(reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 6  # caps changed
+    assert decide(ctl, reqs, [K] * 4) == [0] * 4 and calls[-1] == 4  # new batch: runs
+    assert decide(ctl, reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 5  # reused (any caps)
     ctl.on_admit(7)
-    assert ctl.choose(reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 7  # a new request
+    assert decide(ctl, reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 6  # a new request
     one = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=8)
     one.time_model, n = nothing_pays, []
     inner = one.policy.choose

@@ -18,8 +18,6 @@ from sglang.srt.speculative.adaptive.warmup import profile_on_worker
 from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
 
 if TYPE_CHECKING:
-    import torch
-
     from sglang.srt.managers.scheduler import Scheduler
 
 # Pending target hidden states kept per request while it does not draft; beyond this the
@@ -81,8 +79,11 @@ class SpecScheduler:
     def choose_draft_lens(self, reqs: list[Req]) -> list[int]:
         """Every request drafts its cap, or (--speculative-adaptive) what the policy picks
         within the caps."""
+        a = self.adaptive
+        if a is not None and a.reuse_zero(reqs):
+            return [0] * len(reqs)
         caps = [self.draft_len_cap(r) for r in reqs]
-        return caps if self.adaptive is None else self.adaptive.choose(reqs, caps)
+        return caps if a is None else a.choose(reqs, caps)
 
     # ---------------------------------------------------------------- plan
     def build_plan(self, batch: ScheduleBatch) -> SpecPlan:
@@ -127,49 +128,49 @@ class SpecScheduler:
             lens = [r.draft_len for r in batch.reqs]
             step = s.stats["forward_steps"]
             self.adaptive.observe(batch.reqs, lens, spec.num_accepted, result.forward_time_s, step)
-        drafting = 0
+        drafting = committed = 0
+        out = s.outputs
+        hidden, starts = spec.hidden_states, spec.hidden_starts
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
             toks = spec.tokens[i]
-            lps = spec.logprobs[i] if spec.logprobs is not None else [None] * len(toks)
-            tops = spec.top_logprobs[i] if spec.top_logprobs is not None else [None] * len(toks)
-            appended = s.outputs.commit_tokens(req, toks, lps, tops)
-            # KV is valid for x_n and the appended tokens but the last; free the rest now.
+            if spec.logprobs is not None:
+                lps, tops = spec.logprobs[i], spec.top_logprobs[i]
+            else:
+                lps = tops = [None] * len(toks)
+            appended = out.commit_tokens(req, toks, lps, tops)
             req.kv_len = n + appended
-            s.kv.free_token_range(req, n + appended, n + 1 + dlen)
             req.extend_input_len = req.draft_len = 0
-            start = spec.hidden_starts[i]
-            self.update_draft_state(req, n, dlen, spec.hidden_states, start, start + appended)
-            self.record(req, dlen, spec.num_accepted[i], appended)
-            drafting += dlen > 0
+            committed += appended
+            req.spec_verify_ct += 1
+            d = req.draft
+            if dlen > 0:
+                # KV is valid for x_n and the appended tokens but the last; free the rest now.
+                s.kv.free_token_range(req, n + appended, n + 1 + dlen)
+                self.record_drafting(req, dlen, spec.num_accepted[i])
+                drafting += 1
+                d.draft_kv_len = n  # the catch-up consumed the pending states
+                d.clear()
+            # rows [start, start + appended) of hidden ([R, 3H]) are the states of the
+            # positions committed this step
+            d.append_rows(hidden, starts[i], starts[i] + appended, MAX_PENDING_HIDDEN)
             if req.finished():
-                s.outputs.finish(req)
-        self.stats["spec_last_step_share_drafting"] = drafting / max(1, len(batch.reqs))
+                out.finish(req)
+        st = self.stats
+        st["spec_verify_steps"] += len(batch.reqs)
+        st["spec_committed_tokens"] += committed
+        st["spec_last_step_share_drafting"] = drafting / max(1, len(batch.reqs))
 
-    @staticmethod
-    def update_draft_state(
-        req: Req, n: int, dlen: int, hidden: torch.Tensor, start: int, end: int
-    ) -> None:
-        """Rows [start, end) of hidden ([R, 3H]) are the states of the positions committed
-        this step."""
-        d = req.draft
-        if dlen > 0:  # the catch-up consumed the pending states; drafts beyond n are stale
-            d.draft_kv_len = n
-            d.clear()
-        d.append_rows(hidden, start, end, MAX_PENDING_HIDDEN)
-
-    def record(self, req: Req, dlen: int, accepted: int, appended: int) -> None:
-        req.spec_verify_ct += 1
-        self.stats["spec_verify_steps"] += 1
-        self.stats["spec_committed_tokens"] += appended
-        if dlen > 0:
-            req.spec_num_proposed_drafts += dlen
-            req.spec_num_correct_drafts += accepted
-            req.spec_accept_histogram[accepted] += 1
-            self.accept_histogram[accepted] += 1
-            self.stats["spec_drafting_steps"] += 1
-            self.stats["spec_proposed_drafts"] += dlen
-            self.stats["spec_accepted_drafts"] += accepted
+    def record_drafting(self, req: Req, dlen: int, accepted: int) -> None:
+        """Counters of a request-step that proposed dlen > 0 drafts."""
+        req.spec_num_proposed_drafts += dlen
+        req.spec_num_correct_drafts += accepted
+        req.spec_accept_histogram[accepted] += 1
+        self.accept_histogram[accepted] += 1
+        st = self.stats
+        st["spec_drafting_steps"] += 1
+        st["spec_proposed_drafts"] += dlen
+        st["spec_accepted_drafts"] += accepted
 
     # ---------------------------------------------------------------- report
     @staticmethod

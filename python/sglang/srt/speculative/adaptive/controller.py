@@ -61,9 +61,9 @@ class AdaptiveController:
             "measured_s": 0.0,
             "forward_s": 0.0,
         }
-        # an all-zero choice reused for _zero_left more steps while (slots, caps) stay _zero_key
+        # an all-zero choice reused for _zero_left more steps while the slots stay _zero_key
         self._zero_left = 0
-        self._zero_key: tuple[list[int], list[int]] | None = None
+        self._zero_key: list[int] | None = None
 
     # ---------------------------------------------------------------- setup
     def profile(
@@ -98,22 +98,27 @@ class AdaptiveController:
         decode commits with cfg.count_overhead, forward time otherwise (see observe)."""
         return self.time_model.predict(x)
 
-    def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
-        """Draft length per request, each in [0, caps[i]].
+    def reuse_zero(self, reqs: Sequence[Any]) -> bool:
+        """True (and one reuse counted) when the last choice was all zeros for exactly these
+        requests (same slots in the same order, no request admitted since) and it may be
+        reused for this step without running the policy: cfg.recheck_every - 1 times. A server
+        under load that does not speculate then pays almost nothing per step for the decision
+        (the policy's numpy work is ~0.1-1 ms of host time per step, and computing each
+        request's cap a few microseconds per request). Zeros are within any caps."""
+        if self._zero_left <= 0 or len(reqs) != len(self._zero_key or ()):
+            return False
+        if [r.req_pool_idx for r in reqs] != self._zero_key:
+            return False
+        self._zero_left -= 1
+        return True
 
-        When the policy chose all zeros for exactly these requests (same slots in the same
-        order, same caps, no request admitted since), that choice is reused for the next
-        cfg.recheck_every - 1 steps without running the policy: a server under load that does
-        not speculate then pays almost nothing per step for the decision (the policy's numpy
-        work is ~0.1-1 ms of host time per step, which matters when steps are a few ms). Any
-        change of the batch or its caps re-runs it."""
+    def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
+        """Draft length per request, each in [0, caps[i]] (see reuse_zero, which callers
+        check first)."""
         if not reqs or max(caps) == 0:
             self._zero_left = 0
             return [0] * len(reqs)
         slots = [r.req_pool_idx for r in reqs]
-        if self._zero_left > 0 and (slots, list(caps)) == self._zero_key:
-            self._zero_left -= 1
-            return [0] * len(reqs)
         view = BatchView(
             caps=np.asarray(caps, dtype=np.int64),
             alphas=self.tracker.alphas(slots),
@@ -125,8 +130,7 @@ class AdaptiveController:
         if any(chosen):
             self._zero_left, self._zero_key = 0, None
             self._drafting_run += 1
-            probe = self.cfg.probe_every
-            if probe and self.time_model.online and self._drafting_run > probe:
+            if self._probe_due():
                 # Measure what not drafting costs now: without it an over-estimated plain
                 # step is never corrected while the policy keeps drafting.
                 self._drafting_run = 0
@@ -134,8 +138,15 @@ class AdaptiveController:
                 return [0] * len(reqs)
         else:
             self._drafting_run = 0
-            self._zero_left, self._zero_key = self.cfg.recheck_every - 1, (slots, list(caps))
+            self._zero_left, self._zero_key = self.cfg.recheck_every - 1, slots
         return chosen
+
+    def _probe_due(self) -> bool:
+        """Only the goodput policy probes (the baselines do what they are configured to do),
+        and only when the step-time model learns online."""
+        probe = self.cfg.probe_every
+        online = self.time_model.online and self.policy.name == "goodput"
+        return bool(probe) and online and self._drafting_run > probe
 
     # ---------------------------------------------------------------- learn
     def observe(
