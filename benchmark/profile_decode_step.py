@@ -13,6 +13,9 @@ step on the scheduler thread), in a fresh process:
 an in-process Scheduler (no HTTP, no tokenizer process) decodes --batch-size requests (random
 prompt ids, greedy, ignore_eos) and reports
 
+- prefill_ms: wall time of the prefill of the batch's prompts (all submitted at once, every
+  step until the waiting queue is empty, the last one committed; includes the speculative
+  draft extend), the first prefill of the process (no warm-up);
 - step_ms: wall time per scheduler step over --steps decode steps (CUDA synchronised at both
   ends), i.e. what one token of each request costs end to end inside the scheduler;
 - graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
@@ -87,8 +90,14 @@ def one_mode(a: argparse.Namespace) -> dict:
         else:
             ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
         submit(sched, f"r{i}", ids, params)
+    _sync(a.device)
+    t0 = time.perf_counter()
     while sched.waiting_queue or sched.chunked_req:
         sched.step()
+    if sched.enable_overlap:
+        sched.drain()
+    _sync(a.device)
+    prefill_ms = 1e3 * (time.perf_counter() - t0)  # the batch's prompts, admitted at once
     for _ in range(warm):
         sched.step()
     _sync(a.device)
@@ -100,7 +109,7 @@ def one_mode(a: argparse.Namespace) -> dict:
         sched.step()
     _sync(a.device)
     step_ms = 1e3 * (time.perf_counter() - t0) / a.steps
-    out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms}
+    out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
         text = io.StringIO()
