@@ -96,6 +96,8 @@ class SpecScheduler:
                 ext.append(req.fill_ids[start + 1 : start + 1 + e])
             return SpecPlan(draft_lens=[0] * len(batch.reqs), draft_extend_ids=ext)
         plan = SpecPlan(draft_lens=[r.draft_len for r in batch.reqs])
+        if not any(plan.draft_lens):  # a plain step: no catch-up lists (nothing reads them)
+            return plan
         for req in batch.reqs:
             if req.draft_len > 0:
                 lo, n = req.draft.draft_kv_len, req.kv_len

@@ -110,6 +110,7 @@ class SpecPlan:
     draft_lens: list[int]  # [bs] d_i for this step; 0 = no drafting (plain decode row)
     # Draft catch-up for requests with d_i > 0: draft extend over positions
     # [draft_kv_len_i, kv_len_i) with tokens fill_ids[t + 1] and the pending hidden states.
+    # Indexed by request; empty lists when no request drafts this step.
     catchup_ids: list[list[int]] = field(default_factory=list)  # [bs][c_i]
     catchup_prefix_lens: list[int] = field(default_factory=list)  # [bs] draft_kv_len_i
     catchup_slots: list[torch.Tensor | None] = field(default_factory=list)  # [bs] [c_i] int64
