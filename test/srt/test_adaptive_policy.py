@@ -87,13 +87,16 @@ def test_in_between_higher_acceptance_drafts_longer():
 
 def test_greedy_prefix_matches_brute_force():
     """On small batches the chosen allocation's predicted tokens/s equals the best of all
-    (K + 1)^n allocations (the cost model's draft_steps = max d makes this non-trivial)."""
+    (K + 1)^n allocations (the cost model's draft_steps = max d and its cost per drafting
+    request make this non-trivial: the greedy order alone misses concentrated allocations)."""
     rng = np.random.default_rng(0)
+    per_request = synthetic(const=2e-3, verify_tokens=1e-4, draft_steps=3e-4, draft_reqs=1.5e-3)
     models = [HEAVY, LIGHT, synthetic(const=1e-3, verify_tokens=1e-4, draft_steps=3e-4)]
-    for trial in range(30):
+    models.append(per_request)  # favours few requests drafting deep (request-major order)
+    for trial in range(60):
         n = 3
         v = view(rng.uniform(0.2, 0.99, size=(n, K)), caps=rng.integers(0, K + 1, size=n))
-        model = models[trial % 3]
+        model = models[trial % 4]
         d = GoodputPolicy.best_allocation(v, model.predict)
         assert (d <= v.caps).all()
         best = max(
@@ -521,3 +524,70 @@ def test_controller_learns_wall_intervals(monkeypatch):
         c.observe([_Req(0)], [0], [0], 1e-3, 8)
         assert c.info()["spec_measured_step_time_s"] == pytest.approx(want)
         assert c.info()["spec_forward_time_s"] == pytest.approx(1e-3)
+
+
+def test_profile_fit_reproduces_exactly_linear_steps():
+    """Steps that follow the linear model exactly are reproduced (the two-stage fit moves the
+    verify cost that plain steps cannot separate from bs into the drafting stage)."""
+    true = synthetic(
+        const=2e-3,
+        bs=1e-4,
+        verify_tokens=1e-6,
+        draft_tokens=1e-6,
+        draft_steps=5e-4,
+        spec_on=1e-3,
+        kv_tokens=1e-9,
+        draft_reqs=2e-4,
+    )
+    sizes, ctx = [1, 4, 16, 64, 256], 512
+
+    def run_step(bs: int, d: int) -> float:
+        return true.predict(step_features(bs, bs * (1 + d), bs * d, d, bs * ctx))
+
+    fitted = StepTimeModel(profile_step_time(run_step, sizes, range(6), ctx, repeats=1))
+    xs = np.stack(
+        [step_features(b, b * (1 + d), b * d, d, b * ctx) for b in sizes for d in range(6)]
+    )
+    assert fitted.predict(xs) == pytest.approx(true.predict(xs), rel=1e-3)
+
+
+def test_model_learns_without_readers():
+    """The fixed and tiers baselines never read the model: it still follows the measured steps
+    (re-solved every SOLVE_EVERY updates; each measurement is clipped against the last solve)."""
+    from sglang.srt.speculative.adaptive.step_time_model import SOLVE_EVERY
+
+    model = StepTimeModel({**ZERO, "const": 6e-3})
+    x = allocation_features([0, 0], [1, 1], 200)
+    for _ in range(25 * SOLVE_EVERY):
+        model.update(x, 0.25)
+    assert model.predict_unsolved(x) == pytest.approx(0.25, rel=0.05)
+
+
+def test_overlap_commits_see_launch_step_indices(tiny_model_dir, spec_args, monkeypatch):
+    """With overlap scheduling a commit comes after the next step's launch (pipelined) or
+    before it (drained); the controller gets each step's launch index, so one request's decode
+    steps are consecutive across pipelined and drained steps."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    seen: list[tuple[int, int]] = []
+    observe = AdaptiveController.observe
+
+    def spy(self, reqs, lens, acc, fwd, step_index):
+        seen.append((step_index, int(sum(lens))))
+        return observe(self, reqs, lens, acc, fwd, step_index)
+
+    monkeypatch.setattr(AdaptiveController, "observe", spy)
+    sched = make_scheduler(
+        tiny_model_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps({"probe_every": 3}),
+        disable_overlap_schedule=False,
+        **spec_args,
+    )
+    outs: dict = {}
+    submit(sched, "r0", prompts(1)[0], {**GREEDY, "max_new_tokens": 40})
+    run_until_idle(sched, outs)
+    idx = [i for i, _ in seen]
+    assert len(idx) >= 20 and idx == list(range(idx[0], idx[0] + len(idx)))
+    kinds = [d > 0 for _, d in seen]
+    assert any(kinds) and not all(kinds)  # both pipelined (plain) and drained (drafting) steps

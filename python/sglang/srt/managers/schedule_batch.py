@@ -211,6 +211,9 @@ class ScheduleBatch:
     # [sum(extend_lens)] int64 CPU: the KV slots allocated for this step, request runs in order
     # (set by the planner; None: read them back from req_to_token)
     out_cache_loc: torch.Tensor | None = None
+    # the scheduler's forward-step counter when this step was launched (consecutive decode
+    # steps have consecutive indices; set by Scheduler at launch)
+    step_index: int = -1
 
     def is_empty(self) -> bool:
         return len(self.reqs) == 0

@@ -198,6 +198,7 @@ class Scheduler:
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
             self.outputs.on_launch(batch)
+            batch.step_index = self.stats["forward_steps"]
             result = self.tp_worker.forward_batch_generation(mwb)
             self.stats["forward_steps"] += 1
             self.outputs.process_batch_result(batch, result)
@@ -218,6 +219,7 @@ class Scheduler:
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
             self.outputs.on_launch(batch)
+            batch.step_index = self.stats["forward_steps"]
             self.inflight = InflightStep(
                 batch, self.worker_client.forward_batch_generation_async(mwb)
             )

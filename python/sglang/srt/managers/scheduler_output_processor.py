@@ -279,6 +279,7 @@ def subset_step(
         forward_mode=batch.forward_mode,
         is_final_chunk=pick(batch.is_final_chunk),
         extend_lens=pick(batch.extend_lens),
+        step_index=batch.step_index,
     )
     spec = result.spec  # hidden_states is the step's [R, 3H] tensor: kept whole
     per_request = [f.name for f in dataclasses.fields(spec) if f.name != "hidden_states"]

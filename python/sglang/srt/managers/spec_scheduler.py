@@ -128,8 +128,9 @@ class SpecScheduler:
         s, spec = self.s, result.spec
         if self.adaptive is not None:  # before commit: reqs still describe the step's input
             lens = [r.draft_len for r in batch.reqs]
-            step = s.stats["forward_steps"]
-            self.adaptive.observe(batch.reqs, lens, spec.num_accepted, result.forward_time_s, step)
+            self.adaptive.observe(
+                batch.reqs, lens, spec.num_accepted, result.forward_time_s, batch.step_index
+            )
         drafting = committed = 0
         out = s.outputs
         hidden, starts = spec.hidden_states, spec.hidden_starts

@@ -125,7 +125,8 @@ class TokenizerMetricsCollector:
         )
         self.spec_measured_step_time = self._gauge(
             "sglang:spec_measured_step_time_seconds",
-            "Adaptive speculation: measured time of the last decode step.",
+            "Adaptive speculation: measured cost of the last decode step (wall time since the "
+            "previous decode commit).",
         )
         self.spec_mean_draft_len = self._gauge(
             "sglang:spec_mean_draft_len", "Mean draft length per request-step so far."

@@ -52,7 +52,7 @@ class AdaptiveController:
         self.prev = np.full(num_slots, -1, dtype=np.int64)  # [num_slots] last d per slot
         self.overhead_s = 0.0  # EMA of step wall time minus forward time
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
-        self._drafting_run = 0  # consecutive choices that drafted (see cfg.probe_every)
+        self._drafting_run = 0  # consecutive committed steps that drafted (cfg.probe_every)
         self.num_probes = 0
         self.last = {
             "bs": 0,
@@ -129,7 +129,6 @@ class AdaptiveController:
         chosen = self.policy.choose(view, self.time_fn).tolist()
         if any(chosen):
             self._zero_left, self._zero_key = 0, None
-            self._drafting_run += 1
             if self._probe_due():
                 # Measure what not drafting costs now: without it an over-estimated plain
                 # step is never corrected while the policy keeps drafting.
@@ -137,7 +136,6 @@ class AdaptiveController:
                 self.num_probes += 1
                 return [0] * len(reqs)
         else:
-            self._drafting_run = 0
             self._zero_left, self._zero_key = self.cfg.recheck_every - 1, slots
         return chosen
 
@@ -146,7 +144,7 @@ class AdaptiveController:
         and only when the step-time model learns online."""
         probe = self.cfg.probe_every
         online = self.time_model.online and self.policy.name == "goodput"
-        return bool(probe) and online and self._drafting_run > probe
+        return bool(probe) and online and self._drafting_run >= probe
 
     # ---------------------------------------------------------------- learn
     def observe(
@@ -159,7 +157,9 @@ class AdaptiveController:
     ) -> None:
         """Learn from one decode step, called before its results are committed (req.kv_len
         and req.draft still describe the step's input). step_index: the scheduler's forward
-        step counter, to tell consecutive decode steps (overhead = wall interval - forward)."""
+        step counter at the step's launch (ScheduleBatch.step_index), to tell consecutive decode
+        steps (with overlap scheduling a commit comes after the next step's launch, or before
+        it when the pipeline drains, so the counter at commit time would not do)."""
         now = time.perf_counter()
         slots = [r.req_pool_idx for r in reqs]
         sum_d = int(sum(draft_lens))
@@ -186,6 +186,7 @@ class AdaptiveController:
             # not (it drains the pipeline), so forward times alone favour drafting.
             measured = interval if interval is not None else forward_time_s + self.overhead_s
         self.time_model.update(x, measured)
+        self._drafting_run = self._drafting_run + 1 if sum_d else 0
         self.tracker.observe(slots, draft_lens, accepted)
         self.prev[slots] = draft_lens
         self.last = {

@@ -3,7 +3,7 @@ second, chosen every decode step.
 
 For request r drafting d_r tokens, E[tokens_r(d_r)] = 1 + sum_{j<=d_r} prod_{i<=j} alpha_{r,i}
 (the bonus/correction token always commits; alpha from AcceptanceTracker). The step takes
-T(d) seconds (StepTimeModel, plus the measured per-step scheduler overhead). The policy
+T(d) seconds (StepTimeModel: wall time per step, scheduler work included). The policy
 maximises sum_r E[tokens_r(d_r)] / T(d) over 0 <= d_r <= cap_r:
 
 1. Greedy marginal allocation: starting from all zeros, the next draft token goes to the
@@ -14,7 +14,9 @@ maximises sum_r E[tokens_r(d_r)] / T(d) over 0 <= d_r <= cap_r:
    because T is not convex in the allocation: the first draft token of a step pays the fixed
    cost of drafting (spec_on, one draft forward), which many tokens together may amortise.
    This runs once per depth limit L = 1..K (every d_r <= L), because each draft step costs
-   a forward for the whole batch (max d_r forwards), which favours breadth over depth.
+   a forward for the whole batch (max d_r forwards), which favours breadth over depth, and
+   for a second, request-major order (each request's drafts together), because a cost per
+   drafting request (draft_reqs) favours depth over breadth.
 3. Hysteresis: last step's allocation (clipped to this step's caps; new requests take the new
    choice) is kept unless the new allocation is predicted to be better by more than a relative
    margin `hysteresis`, so a stable input does not flap between drafting and not drafting.
@@ -97,17 +99,39 @@ class GoodputPolicy:
 
     @staticmethod
     def best_allocation(view: BatchView, time_fn: TimeFn) -> np.ndarray:
-        """The best prefix of the greedy marginal order, over every depth limit L = 1..K
-        (d_r <= L; a step costs max(d_r) draft forwards, which the greedy order by expected
-        tokens alone does not see), or all zeros. Returns [n] int64."""
+        """The best prefix, over every depth limit L = 1..K (d_r <= L; a step costs max(d_r)
+        draft forwards, which an order by expected tokens alone does not see), of two orders of
+        the draft tokens, or all zeros:
+
+        - the greedy marginal order (next token to the request whose next token adds the most
+          expected tokens), which spreads drafts over requests;
+        - the request-major order (requests by their first draft's gain, each request's tokens
+          together), which concentrates them: with a per-drafting-request cost (draft_reqs)
+          one request drafting three tokens can beat three requests drafting one each.
+
+        Returns [n] int64."""
         n, k = view.alphas.shape
         gains = np.cumprod(view.alphas, axis=1)  # [n, K] expected tokens added by draft j
         valid = np.arange(k)[None, :] < view.caps[:, None]  # [n, K]
         rows, js = np.nonzero(valid)  # row-major: j ascending within a request
         if len(rows) == 0:
             return np.zeros(n, dtype=np.int64)
-        order = np.argsort(-gains[rows, js], kind="stable")
-        rows, js = rows[order], js[order]  # [m] the greedy order without depth limit
+        greedy = np.argsort(-gains[rows, js], kind="stable")
+        by_request = np.argsort(-gains[rows, 0], kind="stable")  # keeps j ascending
+        best_rate, best = -1.0, np.zeros(n, dtype=np.int64)
+        for order in (greedy, by_request):
+            rate, alloc = GoodputPolicy._best_prefix(view, time_fn, rows[order], js[order], gains)
+            if rate > best_rate:
+                best_rate, best = rate, alloc
+        return best
+
+    @staticmethod
+    def _best_prefix(
+        view: BatchView, time_fn: TimeFn, rows: np.ndarray, js: np.ndarray, gains: np.ndarray
+    ) -> tuple[float, np.ndarray]:
+        """(rate, allocation [n] int64) of the best prefix of the token order (rows[i], js[i])
+        [m] under every depth limit, all zeros included (all in one vectorised evaluation)."""
+        n = view.alphas.shape[0]
         depths = np.arange(1, int(js.max()) + 2)[:, None]  # [D, 1]
         sel = js[None, :] < depths  # [D, m] the order under depth limit L = row + 1
         # Per increment: expected tokens added; draft-model tokens added (the first draft of a
@@ -130,4 +154,4 @@ class GoodputPolicy:
         best = int(np.argmax(rates))  # first maximum: fewest increments, lowest depth
         depth, end = divmod(best, len(rows) + 1)
         take = rows[:end][sel[depth, :end]]
-        return np.bincount(take, minlength=n).astype(np.int64)
+        return float(rates.flat[best]), np.bincount(take, minlength=n).astype(np.int64)

@@ -60,33 +60,43 @@ class AdaptiveConfig:
     count_overhead: bool = True
 
 
+def _js(v: Any) -> str:
+    """v as JSON (what the user wrote: true, not True)."""
+    try:
+        return json.dumps(v)
+    except (TypeError, ValueError):
+        return repr(v)
+
+
 def _err(msg: str) -> ValueError:
     return ValueError(f"{FLAG}: {msg}")
 
 
 def _number(key: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise _err(f"{key!r} must be a number, got {v!r}")
+        raise _err(f"{key!r} must be a number, got {_js(v)}")
     if v < lo or v > hi or (lo_open and v == lo):
-        raise _err(f"{key!r} must be in {'(' if lo_open else '['}{lo}, {hi}], got {v!r}")
+        raise _err(f"{key!r} must be in {'(' if lo_open else '['}{lo}, {hi}], got {_js(v)}")
     return float(v)
 
 
 def _int(key: str, v: Any, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise _err(f"{key!r} must be an integer >= {lo}, got {v!r}")
+        raise _err(f"{key!r} must be an integer >= {lo}, got {_js(v)}")
     return v
 
 
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise _err(f"{key!r} must be true or false, got {v!r}")
+        raise _err(f"{key!r} must be true or false, got {_js(v)}")
     return v
 
 
 def _tiers(v: Any) -> dict[int, int]:
     if not isinstance(v, dict) or not v:
-        raise _err(f"'tiers' must be a non-empty object of batch size -> draft length, got {v!r}")
+        raise _err(
+            f"'tiers' must be a non-empty object of batch size -> draft length, got {_js(v)}"
+        )
     out = {}
     for k, d in v.items():
         try:
@@ -99,7 +109,7 @@ def _tiers(v: Any) -> dict[int, int]:
 
 def _time_model(v: Any) -> dict[str, float]:
     if not isinstance(v, dict):
-        raise _err(f"'time_model' must be an object of coefficients, got {v!r}")
+        raise _err(f"'time_model' must be an object of coefficients, got {_js(v)}")
     unknown = sorted(set(v) - set(FEATURES))
     if unknown:
         raise _err(f"unknown 'time_model' keys {unknown}; known: {list(FEATURES)}")
@@ -108,7 +118,7 @@ def _time_model(v: Any) -> dict[str, float]:
 
 def _batch_sizes(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list) or not v:
-        raise _err(f"'profile_batch_sizes' must be a non-empty list, got {v!r}")
+        raise _err(f"'profile_batch_sizes' must be a non-empty list, got {_js(v)}")
     return tuple(_int("profile_batch_sizes", b, 1) for b in v)
 
 

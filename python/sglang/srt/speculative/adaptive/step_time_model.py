@@ -150,8 +150,9 @@ class StepTimeModel:
     def update(self, x: np.ndarray, measured_s: float) -> None:
         """Correct the model with one measured step (x: [F], measured_s: seconds). A
         measurement is clipped to [1/3, 3] x the current prediction so one stall cannot wreck
-        it. Only accumulates (a few microseconds); the coefficients are re-solved when next
-        read, so steps nobody predicts for (reused all-zero choices) stay cheap."""
+        it. Accumulates (a few microseconds) and re-solves the coefficients when they are next
+        read or every SOLVE_EVERY updates (the clip uses the last solve), so steps nobody
+        predicts for (reused all-zero choices, the fixed and tiers baselines) stay cheap."""
         if not self.online or not measured_s > 0:
             return
         z = x / _SCALES
@@ -161,6 +162,8 @@ class StepTimeModel:
         self.moment = self.moment * self.decay + z * y
         self.num_updates += 1
         self._dirty = True
+        if self.num_updates % SOLVE_EVERY == 0:  # bounded staleness when nothing reads it
+            self._solve()
 
     def _solve(self) -> None:
         if self._dirty:  # every feature costs time: never negative
@@ -168,15 +171,16 @@ class StepTimeModel:
             self._dirty = False
 
 
-PLAIN_FEATURES = ("const", "bs", "verify_tokens", "kv_tokens")  # what a d = 0 step costs
+SOLVE_EVERY = 8  # updates between re-solves when nothing reads the model
 
 
 def _ridge_nonneg(gram: np.ndarray, rhs: np.ndarray, prior: np.ndarray, lam: float) -> np.ndarray:
-    """argmin t^T gram t - 2 rhs^T t + lam |t - prior|^2 subject to t >= 0 (a ridge least
-    squares with normal matrix gram [c, c] and right side rhs [c]), by fixing the most negative
-    coefficient at 0 and re-solving until none is negative. Collinear features (bs,
-    verify_tokens and kv_tokens are proportional in a warm-up sweep) would otherwise get a
-    large positive and a clipped negative coefficient. Returns [c]."""
+    """Approximately argmin t^T gram t - 2 rhs^T t + lam |t - prior|^2 subject to t >= 0 (a
+    ridge least squares with normal matrix gram [c, c] and right side rhs [c]): fix the most
+    negative coefficient at 0 and re-solve until none is negative (variables are never
+    released, so on rare inputs this is slightly above the exact minimum). Collinear features
+    (bs and kv_tokens are proportional in a warm-up sweep) would otherwise get a large positive
+    and a clipped negative coefficient. Returns [c]."""
     free = np.ones(len(prior), dtype=bool)
     t = np.zeros(len(prior))
     while free.any():
@@ -190,40 +194,74 @@ def _ridge_nonneg(gram: np.ndarray, rhs: np.ndarray, prior: np.ndarray, lam: flo
     return t
 
 
+def _relative_fit(
+    a: np.ndarray, target: np.ndarray, step_s: np.ndarray, prior: np.ndarray, weight: float
+) -> np.ndarray:
+    """Non-negative ridge fit of target [r] on columns a [r, c] with each row divided by its
+    step's time step_s [r] (relative error), towards prior [c] with weight relative to the
+    mean diagonal of the normal matrix. Returns [c]."""
+    w = 1.0 / np.maximum(step_s, 1e-9)
+    aw = a * w[:, None]
+    gram = aw.T @ aw
+    lam = weight * float(np.mean(np.diag(gram))) + 1e-18
+    return _ridge_nonneg(gram, aw.T @ (target * w), prior, lam)
+
+
 def fit_coefficients(
-    x: np.ndarray, y: np.ndarray, prior: dict[str, float] | None = None, weight: float = 1e-3
+    x: np.ndarray, y: np.ndarray, prior: dict[str, float] | None = None, weight: float = 1e-6
 ) -> dict[str, float]:
     """Fit step times y [m] seconds on features x [m, F] with non-negative coefficients.
     Returns seconds per unit by FEATURES name.
 
     In relative error (each row divided by its y), so a 2 ms step counts as much as a 300 ms
-    one, and in two stages: the plain-step features on the rows that do not draft, then the
-    drafting features on what those leave of the drafting rows. A single absolute fit over
-    batch sizes 1..256 is dominated by the largest drafting steps; on SmolLM2 / H200 it put
-    12.6 ms of constant cost into a 2 ms batch-1 plain step, so drafting looked almost free
-    there. Each stage is a ridge fit towards `prior` (default DEFAULT_COEF) with `weight`
-    relative to the mean diagonal of its normal matrix."""
+    one, and in two stages:
+
+    1. plain steps (no draft): const, bs and kv_tokens (in a plain step verify_tokens = bs, so
+       the two cannot be told apart there; kv_tokens keeps its prior when every step has the
+       same context length, as in the warm-up sweep, where it is proportional to bs);
+    2. drafting steps, on what stage 1 leaves: verify_tokens through its extra tokens
+       (verify_tokens - bs = sum d_i), draft_tokens, draft_steps, spec_on, draft_reqs; then
+       c_bs -= c_verify so that plain steps keep their stage-1 prediction (a c_verify above
+       c_bs goes to draft_tokens, which equals sum d_i in a sweep's drafting steps too).
+
+    A single absolute least-squares fit over batch sizes 1..256 is dominated by the largest
+    drafting steps; on SmolLM2 / H200 it put 12.6 ms of constant cost into a 2 ms batch-1
+    plain step, so drafting looked almost free there. With only one kind of step in x, one
+    joint relative fit. `weight`: ridge towards `prior` (default DEFAULT_COEF)."""
     full = {**DEFAULT_COEF, **(prior or {})}
     theta0 = np.array([full[f] for f in FEATURES]) * _SCALES
     z = x / _SCALES
     y = np.asarray(y, dtype=np.float64)
-    theta = theta0.copy()
-    plain_cols = np.array([f in PLAIN_FEATURES for f in FEATURES])
-    plain_rows = x[:, FEATURES.index("spec_on")] == 0
-    stages = [(plain_rows, plain_cols), (~plain_rows, ~plain_cols)]
-    if not plain_rows.any() or plain_rows.all():  # one kind of step only: one joint fit
-        stages = [(np.ones(len(y), dtype=bool), np.ones(len(FEATURES), dtype=bool))]
-    for rows, cols in stages:
-        if not rows.any():
-            continue
-        fixed = z[rows][:, ~cols] @ theta[~cols]  # [r] what the other stage explains
-        w = 1.0 / np.maximum(y[rows], 1e-6)  # [r]
-        a_rows = z[rows][:, cols] * w[:, None]
-        b_rows = (y[rows] - fixed) * w
-        gram = a_rows.T @ a_rows
-        lam = weight * float(np.mean(np.diag(gram))) + 1e-12
-        theta[cols] = _ridge_nonneg(gram, a_rows.T @ b_rows, theta0[cols], lam)
-    return {f: float(c) for f, c in zip(FEATURES, theta / _SCALES, strict=True)}
+    col = {f: i for i, f in enumerate(FEATURES)}
+    plain = x[:, col["spec_on"]] == 0
+    if plain.all() or not plain.any():
+        theta = _relative_fit(z, y, y, theta0, weight)
+        return {f: float(c) for f, c in zip(FEATURES, theta / _SCALES, strict=True)}
+    theta = np.zeros(len(FEATURES))
+    s1 = [col["const"], col["bs"], col["kv_tokens"]]
+    kv, bs = x[plain, col["kv_tokens"]], x[plain, col["bs"]]
+    if np.allclose(kv, bs * kv[0] / bs[0]):
+        # one context length: kv_tokens is proportional to bs and cannot be fitted; it keeps
+        # its prior (online correction sees real context lengths)
+        s1 = s1[:2]
+        theta[col["kv_tokens"]] = theta0[col["kv_tokens"]]
+    known = z[plain] @ theta
+    theta[s1] = _relative_fit(z[plain][:, s1], y[plain] - known, y[plain], theta0[s1], weight)
+    s2 = [col[f] for f in ("verify_tokens", "draft_tokens", "draft_steps", "spec_on", "draft_reqs")]
+    a2 = z[~plain][:, s2].copy()
+    # the verify column through its extra tokens only (in units of the verify_tokens scale)
+    extra = x[~plain, col["verify_tokens"]] - x[~plain, col["bs"]]
+    a2[:, 0] = extra / _SCALES[col["verify_tokens"]]
+    rest = y[~plain] - z[~plain] @ np.where(np.isin(np.arange(len(FEATURES)), s2), 0.0, theta)
+    theta[s2] = _relative_fit(a2, rest, y[~plain], theta0[s2], weight)
+    coef = theta / _SCALES
+    # plain steps keep their stage-1 prediction: c_bs + c_verify is what stage 1 fitted; a
+    # verify cost beyond it goes to draft_tokens (also sum d_i in a sweep's drafting steps)
+    c_bs, c_verify = coef[col["bs"]], coef[col["verify_tokens"]]
+    moved = min(c_verify, c_bs)
+    coef[col["draft_tokens"]] += c_verify - moved
+    coef[col["verify_tokens"]], coef[col["bs"]] = moved, c_bs - moved
+    return {f: float(c) for f, c in zip(FEATURES, coef, strict=True)}
 
 
 def profile_step_time(
