@@ -591,3 +591,41 @@ def test_overlap_commits_see_launch_step_indices(tiny_model_dir, spec_args, monk
     assert len(idx) >= 20 and idx == list(range(idx[0], idx[0] + len(idx)))
     kinds = [d > 0 for _, d in seen]
     assert any(kinds) and not all(kinds)  # both pipelined (plain) and drained (drafting) steps
+
+
+def test_nothing_can_pay_bound_is_safe_and_used_under_load():
+    """The early exit (no allocation can beat all zeros) never fires where brute force finds a
+    drafting allocation that beats zeros, and it does fire under heavy load (batch 256), where
+    it saves scoring the two token orders."""
+    rng = np.random.default_rng(7)
+    fired = 0
+    for _ in range(300):
+        n = 3
+        coef = {
+            f: float(rng.uniform(0, 1)) * s
+            for f, s in zip(FEATURES, [4e-3, 5e-5, 2e-4, 3e-5, 1e-3, 2e-3, 1e-8, 2e-3], strict=True)
+        }
+        model = StepTimeModel(coef, online=False)
+        v = view(
+            rng.uniform(0.05, 0.99, size=(n, K)),
+            caps=rng.integers(0, K + 1, size=n),
+            pending=rng.integers(0, 6, size=n),
+        )
+        rows, js = np.nonzero(np.arange(K)[None, :] < v.caps[:, None])
+        if len(rows) == 0:
+            continue
+        g = np.cumprod(v.alphas, axis=1)[rows, js]
+        if not GoodputPolicy._nothing_can_pay(v, model.predict, g, rows, js):
+            continue
+        fired += 1
+        zero = GoodputPolicy.rate(v, np.zeros(n, dtype=np.int64), model.predict)
+        best = max(
+            GoodputPolicy.rate(v, np.array(c), model.predict)
+            for c in itertools.product(*[range(c + 1) for c in v.caps])
+        )
+        assert best <= zero * (1 + 1e-9)
+    assert fired > 30
+    big = view([0.8] * 256)
+    rows, js = np.nonzero(np.ones((256, K), dtype=bool))
+    g = np.cumprod(big.alphas, axis=1)[rows, js]
+    assert GoodputPolicy._nothing_can_pay(big, HEAVY.predict, g, rows, js)
