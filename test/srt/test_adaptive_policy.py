@@ -549,6 +549,24 @@ def test_profile_fit_reproduces_exactly_linear_steps():
         [step_features(b, b * (1 + d), b * d, d, b * ctx) for b in sizes for d in range(6)]
     )
     assert fitted.predict(xs) == pytest.approx(true.predict(xs), rel=1e-3)
+    # random models, some terms absent, per-request costs below the kv_tokens prior x context
+    rng = np.random.default_rng(3)
+    scales = [4e-3, 1e-4, 2e-4, 3e-5, 1e-3, 2e-3, 1e-8, 2e-3]
+    for _ in range(60):
+        coef = {
+            f: float(rng.uniform(0, 1)) * sc * (rng.random() < 0.8)
+            for f, sc in zip(FEATURES, scales, strict=True)
+        }
+        coef["const"] += 1e-4
+        model, c = StepTimeModel(coef, online=False), int(rng.choice([128, 512, 2048]))
+        rows = {
+            (b, d): step_features(b, b * (1 + d), b * d, d, b * c) for b in sizes for d in range(6)
+        }
+        fit = profile_step_time(
+            lambda b, d, m=model, r=rows: m.predict(r[b, d]), sizes, range(6), c, 1
+        )
+        xs = np.stack(list(rows.values()))
+        assert StepTimeModel(fit).predict(xs) == pytest.approx(model.predict(xs), rel=0.03)
 
 
 def test_model_learns_without_readers():

@@ -217,8 +217,9 @@ def fit_coefficients(
     one, and in two stages:
 
     1. plain steps (no draft): const, bs and kv_tokens (in a plain step verify_tokens = bs, so
-       the two cannot be told apart there; kv_tokens keeps its prior when every step has the
-       same context length, as in the warm-up sweep, where it is proportional to bs);
+       the two cannot be told apart there; when every step has the same context length, as
+       in the warm-up sweep, kv_tokens is proportional to bs: one per-request cost is fitted,
+       kv_tokens takes its prior out of it, at most all of it, and bs the rest);
     2. drafting steps, on what stage 1 leaves: verify_tokens through its extra tokens
        (verify_tokens - bs = sum d_i), draft_tokens, draft_steps, spec_on, draft_reqs; then
        c_bs -= c_verify so that plain steps keep their stage-1 prediction (a c_verify above
@@ -230,8 +231,12 @@ def fit_coefficients(
     joint relative fit. `weight`: ridge towards `prior` (default DEFAULT_COEF)."""
     full = {**DEFAULT_COEF, **(prior or {})}
     theta0 = np.array([full[f] for f in FEATURES]) * _SCALES
-    z = x / _SCALES
     y = np.asarray(y, dtype=np.float64)
+    ok = (y > 0) & (x[:, FEATURES.index("bs")] > 0)  # a failed or empty timing says nothing
+    x, y = x[ok], y[ok]
+    if len(y) == 0:
+        return dict(full)
+    z = x / _SCALES
     col = {f: i for i, f in enumerate(FEATURES)}
     plain = x[:, col["spec_on"]] == 0
     if plain.all() or not plain.any():
@@ -240,13 +245,19 @@ def fit_coefficients(
     theta = np.zeros(len(FEATURES))
     s1 = [col["const"], col["bs"], col["kv_tokens"]]
     kv, bs = x[plain, col["kv_tokens"]], x[plain, col["bs"]]
-    if np.allclose(kv, bs * kv[0] / bs[0]):
-        # one context length: kv_tokens is proportional to bs and cannot be fitted; it keeps
-        # its prior (online correction sees real context lengths)
+    ctx = kv[0] / bs[0]
+    one_ctx = bool(np.allclose(kv, bs * ctx))
+    if one_ctx:  # kv_tokens = ctx * bs: fit one per-request cost, split it below
         s1 = s1[:2]
-        theta[col["kv_tokens"]] = theta0[col["kv_tokens"]]
-    known = z[plain] @ theta
-    theta[s1] = _relative_fit(z[plain][:, s1], y[plain] - known, y[plain], theta0[s1], weight)
+    theta[s1] = _relative_fit(z[plain][:, s1], y[plain], y[plain], theta0[s1], weight)
+    if one_ctx:
+        # one context length cannot tell per-request from per-context-token cost: kv_tokens
+        # takes its prior, at most the whole per-request cost, and bs the rest (online
+        # correction sees real context lengths)
+        per_req = theta[col["bs"]] / _SCALES[col["bs"]]
+        c_kv = min(full["kv_tokens"], per_req / ctx) if ctx > 0 else 0.0
+        theta[col["kv_tokens"]] = c_kv * _SCALES[col["kv_tokens"]]
+        theta[col["bs"]] = (per_req - c_kv * ctx) * _SCALES[col["bs"]]
     s2 = [col[f] for f in ("verify_tokens", "draft_tokens", "draft_steps", "spec_on", "draft_reqs")]
     a2 = z[~plain][:, s2].copy()
     # the verify column through its extra tokens only (in units of the verify_tokens scale)
