@@ -287,7 +287,7 @@ def test_expand_matches_per_position_batches() -> None:
         origin_input_ids=[1, 2],
         output_ids=[3],
     )
-    other = _req(seed=4, output_ids=[0, 0, 0], temperature=0.7)
+    other = _req(seed=4, output_ids=[0, 0, 0], temperature=0.7, min_new_tokens=5)
     info = SamplingBatchInfo.from_reqs([base, other], 10, "cpu", {0})
     drafts = [[5, 5, 6], [7]]
     wide = info.expand([3, 2], drafts)

@@ -186,6 +186,12 @@ class SamplingBatchInfo:
         for row, count, drafts in zip(self.rows, row_counts, extra_output_ids, strict=True):
             if count < 1 or len(drafts) < count - 1:
                 raise ValueError(f"expand: {count} rows need >= {count - 1} drafts and count >= 1")
+            if not _reads_output_ids(row.params):  # only the length counts: no list copies
+                for j in range(count):
+                    r = SamplingRow(row.params, row.prompt_ids, row.output_ids, row.seed)
+                    r.unknown = row.unknown + j
+                    new_rows.append(r)
+                continue
             for j in range(count):
                 out = row.output_ids + [0] * row.unknown + list(drafts[:j])
                 new_rows.append(SamplingRow(row.params, row.prompt_ids, out, row.seed))
@@ -229,6 +235,11 @@ def _effective_top_k(p: SamplingParams, vocab_size: int) -> int:
     if p.top_k < 1 or p.top_k > vocab_size:
         return vocab_size
     return p.top_k
+
+
+def _reads_output_ids(p: SamplingParams) -> bool:
+    """Whether a row's penalties read its generated ids (not only their number)."""
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 def _int_keys(bias: dict | None) -> dict[int, float] | None:
