@@ -20,6 +20,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.speculative.draft_config import load_draft_model
 from sglang.srt.speculative.draft_cuda_graph_runner import DraftDecodeGraphRunner
+from sglang.srt.utils.h2d import int64_to_device
 
 
 class DraftRunner:
@@ -86,24 +87,29 @@ class DraftRunner:
         req_pool_indices: list[int],  # [bs]
         prefix_lens: list[int],  # [bs] draft positions before this call's tokens
         extend_lens: list[int],  # [bs] tokens per request (>= 1)
-        out_cache_loc: torch.Tensor,  # [T] int64 KV slots
+        out_cache_loc: torch.Tensor,  # [T] int64 KV slots (CPU: moved with the metadata)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft forward over ragged requests. Returns the last row of each request:
-        (logits [bs, draft_vocab] float32, hidden [bs, draft_hidden])."""
+        """Draft forward over ragged requests (its metadata goes to the device in one copy).
+        Returns the last row of each request: (logits [bs, draft_vocab] float32, hidden [bs,
+        draft_hidden])."""
         dev = self.device
-        positions, starts = build_positions_and_starts(prefix_lens, extend_lens, dev)
+        positions, starts = build_positions_and_starts(prefix_lens, extend_lens, "cpu")
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-        last = starts + torch.tensor(extend_lens, dtype=torch.int64, device=dev) - 1
+        last = starts + torch.tensor(extend_lens, dtype=torch.int64) - 1
+        loc_on_host = out_cache_loc.device.type == "cpu"
+        parts = [positions, starts, last, req_pool_indices, seq_lens, extend_lens, prefix_lens]
+        moved = int64_to_device(parts + ([out_cache_loc] if loc_on_host else []), dev)
+        positions, starts, last, pools, seq_t, ext_t, pre_t = moved[:7]
         fb = ForwardBatch(
             forward_mode=ForwardMode.DRAFT_EXTEND,
             batch_size=len(extend_lens),
             input_ids=input_ids,
             positions=positions,
-            out_cache_loc=out_cache_loc.to(dev),
-            req_pool_indices=torch.tensor(req_pool_indices, dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
+            out_cache_loc=moved[7] if loc_on_host else out_cache_loc.to(dev, torch.int64),
+            req_pool_indices=pools,
+            seq_lens=seq_t,
+            extend_seq_lens=ext_t,
+            extend_prefix_lens=pre_t,
             extend_start_loc=starts,
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=list(extend_lens),

@@ -1,0 +1,34 @@
+"""Host-to-device copies of many small int64 vectors in one transfer.
+
+Why: `torch.tensor(list, device="cuda")` and `cpu_tensor.to("cuda")` each copy from pageable
+memory and synchronise the stream: the host waits for every kernel queued before it. A step
+that builds eight metadata vectors that way waits eight times. Packing them into one pinned
+buffer gives one asynchronous copy, ordered on the current stream like the kernels that read
+the vectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def int64_to_device(
+    parts: Sequence[Sequence[int] | torch.Tensor], device: torch.device | str
+) -> list[torch.Tensor]:
+    """parts: lists of ints or 1-D integer CPU tensors. Returns one int64 tensor per part on
+    `device` (views of one buffer on CUDA; read them on the current stream or after it).
+    Raises ValueError for a part that is not one-dimensional."""
+    device = torch.device(device)
+    host = []
+    for p in parts:
+        t = torch.as_tensor(p, dtype=torch.int64)
+        if t.dim() != 1:
+            raise ValueError(f"int64_to_device: parts must be 1-D, got shape {tuple(t.shape)}")
+        host.append(t)
+    if device.type != "cuda":
+        return [t.to(device) for t in host]
+    sizes = [int(t.numel()) for t in host]
+    flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
+    return list(flat.pin_memory().to(device, non_blocking=True).split(sizes))

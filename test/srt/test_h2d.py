@@ -1,0 +1,21 @@
+"""int64_to_device: several small int64 vectors in one host-to-device copy (on CUDA a pinned
+buffer and one asynchronous copy; on the CPU plain tensors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.utils.h2d import int64_to_device
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_int64_to_device_packs_parts_in_order(dev):
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA only")
+    parts = [[3, 1, 2], torch.tensor([7, 8], dtype=torch.int32), [], [5]]
+    out = int64_to_device(parts, dev)
+    assert [t.tolist() for t in out] == [[3, 1, 2], [7, 8], [], [5]]
+    assert all(t.dtype == torch.int64 and t.device.type == dev for t in out)
+    with pytest.raises(ValueError, match="1-D"):
+        int64_to_device([torch.zeros(2, 2)], dev)
