@@ -16,6 +16,7 @@ import torch
 from sglang.srt.sampling import penaltylib
 from sglang.srt.sampling.random import to_int64_seed
 from sglang.srt.sampling.sampling_params import SAMPLING_EPS, SamplingParams
+from sglang.srt.utils.h2d import to_device_async
 
 
 class SamplingReq(Protocol):
@@ -113,16 +114,23 @@ class SamplingBatchInfo:
         top_ks = [_effective_top_k(p, vocab_size) for p in params]
 
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
-        # Two host-to-device copies per step (each a synchronous call that releases the GIL):
-        # [3, bs] float32 rows and [3, bs] int64 rows, viewed as the fields below.
-        floats = torch.tensor(
-            [temps, [p.top_p for p in params], [p.min_p for p in params]],
-            dtype=torch.float32,
-        ).to(device)
-        ints = torch.tensor(
-            [top_ks, [to_int64_seed(r.seed) for r in rows], [r.num_output for r in rows]],
-            dtype=torch.int64,
-        ).to(device)
+        # Two asynchronous host-to-device copies per step (pinned; ordered on the current
+        # stream, so the overlap worker's stream sees them after the launch event): [3, bs]
+        # float32 rows and [3, bs] int64 rows, viewed as the fields below.
+        floats = to_device_async(
+            torch.tensor(
+                [temps, [p.top_p for p in params], [p.min_p for p in params]],
+                dtype=torch.float32,
+            ),
+            device,
+        )
+        ints = to_device_async(
+            torch.tensor(
+                [top_ks, [to_int64_seed(r.seed) for r in rows], [r.num_output for r in rows]],
+                dtype=torch.int64,
+            ),
+            device,
+        )
         info = cls(
             temperatures=floats[0].view(-1, 1),
             top_ps=floats[1],

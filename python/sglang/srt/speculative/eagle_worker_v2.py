@@ -37,6 +37,7 @@ from sglang.srt.speculative.draft_config import (
 from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
 from sglang.srt.speculative.verify import speculative_sample, verify_greedy
+from sglang.srt.utils.h2d import int64_to_device
 
 
 def plain_decode_output(
@@ -185,8 +186,11 @@ class EAGLEWorkerV2:
         starts = torch.tensor([0] + mwb.extend_seq_lens[:-1]).cumsum(0).tolist()
         drafts: list[list[int]] = [[] for _ in d]
         q_rows: list[list[torch.Tensor]] = [[] for _ in d]
+        (catchup_ids,) = int64_to_device(
+            [[t for i in active for t in plan.catchup_ids[i]]], self.device
+        )
         logits, g = self.draft.forward(
-            torch.tensor([t for i in active for t in plan.catchup_ids[i]], device=self.device),
+            catchup_ids,
             torch.cat([plan.catchup_hidden[i] for i in active]),
             [mwb.req_pool_indices[i] for i in active],
             [plan.catchup_prefix_lens[i] for i in active],
@@ -206,7 +210,7 @@ class EAGLEWorkerV2:
             # Draft step `step` sits at position n_i + step - 2, in the KV slot of verify token
             # step - 2 (the scheduler wrote those slots into req_to_token).
             pos = [mwb.extend_prefix_lens[i] + step - 2 for i in active]
-            keep_t = torch.tensor(keep, device=self.device)
+            (keep_t,) = int64_to_device([keep], self.device)
             logits, g = self.draft.decode(
                 tok[keep_t],
                 g[keep_t],
@@ -227,7 +231,7 @@ class EAGLEWorkerV2:
         """Choose each active request's draft token `step` ([m] int64 target ids, device) and
         record its draft distribution q over the target vocabulary (one-hot for greedy rows;
         nothing when every request is greedy: greedy verification never reads q)."""
-        idx = torch.tensor(active, device=self.device)
+        (idx,) = int64_to_device([active], self.device)
         greedy = info.greedy_mask[idx]
         temps = info.temperatures[idx]
         q_draft = torch.softmax(logits / temps, dim=-1)  # [m, Vd]
@@ -261,8 +265,7 @@ class EAGLEWorkerV2:
 
         rows_info = info.expand([1 + x for x in d], drafts)
         processed = rows_info.apply_logits_processors(logits)
-        draft_flat = torch.tensor([t for ds in drafts for t in ds], device=self.device)
-        d_t = torch.tensor(d, device=self.device)
+        draft_flat, d_t = int64_to_device([[t for ds in drafts for t in ds], d], self.device)
         if info.is_all_greedy:
             vo = verify_greedy(draft_flat, d_t, processed.argmax(-1))
         else:

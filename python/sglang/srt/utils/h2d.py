@@ -32,3 +32,12 @@ def int64_to_device(
     sizes = [int(t.numel()) for t in host]
     flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
     return list(flat.pin_memory().to(device, non_blocking=True).split(sizes))
+
+
+def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """t (a CPU tensor) on `device`: on CUDA through pinned memory, one asynchronous copy
+    ordered on the current stream (no wait for the kernels queued before it); else t.to."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
