@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from itertools import accumulate
 
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
 from sglang.srt.managers.pending_result import PendingResult, begin_step
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
@@ -104,9 +106,12 @@ class EAGLEWorkerV2:
 
     @torch.no_grad()
     def forward_batch_generation_launch(self, mwb: ModelWorkerBatch) -> PendingResult:
-        """Queue a step without waiting for the device when every d_i is 0 and no logprobs
-        are asked (the step overlap scheduling pipelines; see pending_result.py); other steps
-        run synchronously and come back finished."""
+        """Queue a step without waiting for the device when it is a prefill, or a decode step
+        where every d_i is 0, and no logprobs are asked (the steps overlap scheduling
+        pipelines; see pending_result.py); other steps run synchronously and come back
+        finished."""
+        if mwb.forward_mode == ForwardMode.EXTEND and not mwb.return_logprob:
+            return self._launch_extend(mwb)
         plain = mwb.forward_mode != ForwardMode.EXTEND and sum(mwb.spec.draft_lens) == 0
         if not plain or mwb.return_logprob or not all(mwb.sample):
             return PendingResult.done(self.forward_batch_generation(mwb))
@@ -126,38 +131,60 @@ class EAGLEWorkerV2:
     # ---------------------------------------------------------------- prefill
     def forward_extend(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         """Target prefill (capturing aux hidden states) + draft extend over the chunk."""
+        out, draft_hidden = self._extend(mwb)
+        result = self.target_worker.sample(mwb, out.next_token_logits)
+        result.draft_hidden = draft_hidden
+        return result
+
+    def _launch_extend(self, mwb: ModelWorkerBatch) -> PendingResult:
+        """forward_extend queued without waiting for the device: the sampled ids come back
+        through PendingResult, like a plain prefill (sampling is seeded per request and
+        position, so sampling after the draft extend samples the same tokens)."""
+        began = begin_step(self.device)
+        out, draft_hidden = self._extend(mwb)
+        rows, ids = self.target_worker.sample_launch(mwb, out.next_token_logits)
+        bs = mwb.batch_size
+
+        def to_result(host_ids: list[int]) -> GenerationBatchResult:
+            next_ids: list[int | None] = [None] * bs
+            for i, t in zip(rows, host_ids, strict=True):
+                next_ids[i] = t
+            result = GenerationBatchResult(next_token_ids=next_ids)
+            result.draft_hidden = draft_hidden
+            return result
+
+        return PendingResult.from_device_ids(rows, ids, to_result, began)
+
+    def _extend(self, mwb: ModelWorkerBatch) -> tuple[LogitsProcessorOutput, list]:
+        """Queue the target prefill (every row's aux hidden states, [T, 3H]) and the draft
+        extend over each chunk's first e_i positions; no host synchronisation. Returns (the
+        target output, per request the [1, 3H] hidden state of its last position when it
+        samples, else None: the draft's pending state for its first decode step)."""
         runner = self.model_runner
         fb = runner.build_forward_batch(mwb)
         fb.capture_hidden_mode = CaptureHiddenMode.FULL
         out = runner.forward(fb)
-        result = self.target_worker.sample(mwb, out.next_token_logits)
         hidden = out.hidden_states  # [T, 3H]
-        starts = fb.extend_start_loc.tolist()
+        starts = list(accumulate([0, *mwb.extend_seq_lens[:-1]]))  # host: no device read
         rows, ids, slots, reqs, prefix, lens = [], [], [], [], [], []
         for i, ext_ids in enumerate(mwb.spec.draft_extend_ids):
             if not ext_ids:
                 continue
             e = len(ext_ids)
-            rows.append(torch.arange(starts[i], starts[i] + e, device=self.device))
+            rows.extend(range(starts[i], starts[i] + e))
             ids.extend(ext_ids)
             slots.append(mwb.out_cache_loc[starts[i] : starts[i] + e])
             reqs.append(mwb.req_pool_indices[i])
             prefix.append(mwb.extend_prefix_lens[i])
             lens.append(e)
         if reqs:
-            self.draft.forward(
-                torch.tensor(ids, dtype=torch.int64, device=self.device),
-                hidden[torch.cat(rows)],
-                reqs,
-                prefix,
-                lens,
-                torch.cat(slots),
-            )
+            ids_t, rows_t = int64_to_device([ids, rows], self.device)
+            self.draft.forward(ids_t, hidden[rows_t], reqs, prefix, lens, torch.cat(slots))
         last = [s + n - 1 for s, n in zip(starts, mwb.extend_seq_lens, strict=True)]
-        result.draft_hidden = [
+        draft_hidden = [
             hidden[last[i] : last[i] + 1] if mwb.sample[i] else None for i in range(len(last))
         ]
-        return result
+        return out, draft_hidden
 
     # ---------------------------------------------------------------- d_i = 0 for all
     def forward_plain_decode(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
