@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.utils.h2d import int64_to_device
+from sglang.srt.utils.h2d import int64_to_device, to_device_async
 
 
 @pytest.mark.parametrize("dev", ["cpu", "cuda"])
@@ -19,3 +19,13 @@ def test_int64_to_device_packs_parts_in_order(dev):
     assert all(t.dtype == torch.int64 and t.device.type == dev for t in out)
     with pytest.raises(ValueError, match="1-D"):
         int64_to_device([torch.zeros(2, 2)], dev)
+
+
+@pytest.mark.parametrize("dev", ["cpu", "cuda"])
+def test_to_device_async_copies_values(dev):
+    if dev == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA only")
+    t = torch.tensor([[1.5, -2.0], [3.0, 0.25]])
+    out = to_device_async(t, dev)
+    assert out.device.type == dev and out.dtype == t.dtype
+    assert torch.equal(out.cpu(), t)

@@ -301,3 +301,35 @@ def test_engine_overlap_no_kv_leak(tiny_model_dir, greedy_reference):
         ]
         info = assert_no_kv_leak(e)
         assert info["overlap_pipelined_steps"] > 0
+
+
+def test_spec_chunked_sampled_prefill_identical(tiny_model_dir, draft_dir, monkeypatch):
+    """A speculative prefill is queued like a plain one (EAGLEWorkerV2._launch_extend): with
+    prompts split into chunks, seeded sampling next to greedy rows, and one request asking for
+    logprobs (whose steps stay synchronous), overlap on gives exactly what overlap off gives."""
+    rng = random.Random(11)
+    ps = [[rng.randrange(100, 40000) for _ in range(rng.randrange(20, 45))] for _ in range(5)]
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            params = {"max_new_tokens": 10, "ignore_eos": True}
+            params.update({"temperature": 0.9, "top_p": 0.9} if i % 2 else {"temperature": 0})
+            submit(sched, f"c{i}", p, params, seed=100 + i, return_logprob=i == 3)
+
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    launched = []
+    launch = EAGLEWorkerV2._launch_extend
+    monkeypatch.setattr(
+        EAGLEWorkerV2, "_launch_extend", lambda w, mwb: launched.append(1) or launch(w, mwb)
+    )
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=2,
+        chunked_prefill_size=16,
+    )
+    off, on, _ = run_both(tiny_model_dir, jobs, **spec)
+    assert_same(off, on, keys=("output_ids", "text", "finish", "logprobs"))
+    assert all(len(o["output_ids"]) == 10 for o in on.values())
+    assert len(launched) >= 3  # prefill chunks went through the queued path

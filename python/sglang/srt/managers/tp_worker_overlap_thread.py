@@ -20,8 +20,8 @@ in the same order. Its only state is the future-token buffer:
   step's copy-done event and builds the host lists.
 
 The future buffer lives on the worker's device (the CPU in CPU runs). Steps a worker runs
-synchronously (logprobs, drafting, prefill of a speculative worker) come back as finished
-PendingResults; their tokens are written into the buffer from the host lists.
+synchronously (logprobs, drafting steps) come back as finished PendingResults; their tokens
+are written into the buffer from the host lists.
 
 A slot is reused only after every in-flight step of the request that held it was committed, so a
 placeholder always refers to the newest token of its own request.
