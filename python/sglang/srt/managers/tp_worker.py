@@ -39,6 +39,15 @@ def sampled_logits(mwb: ModelWorkerBatch, logits: torch.Tensor) -> tuple[list[in
     return rows, logits[idx]
 
 
+def ids_by_request(bs: int, rows: list[int], ids: list[int]) -> list[int | None]:
+    """[bs] the sampled id of each request in rows (ids[k] for rows[k]), None for the others
+    (prompt chunks that do not sample)."""
+    out: list[int | None] = [None] * bs
+    for i, t in zip(rows, ids, strict=True):
+        out[i] = t
+    return out
+
+
 class TpModelWorker:
     """Args: init_cuda_graphs=False when a wrapping worker (EAGLE) captures the graphs itself
     after finishing the model's setup."""
@@ -75,10 +84,7 @@ class TpModelWorker:
         bs = mwb.batch_size
 
         def to_result(host_ids: list[int]) -> GenerationBatchResult:
-            next_ids: list[int | None] = [None] * bs
-            for i, t in zip(rows, host_ids, strict=True):
-                next_ids[i] = t
-            return GenerationBatchResult(next_token_ids=next_ids)
+            return GenerationBatchResult(next_token_ids=ids_by_request(bs, rows, host_ids))
 
         return PendingResult.from_device_ids(rows, ids, to_result, began)
 

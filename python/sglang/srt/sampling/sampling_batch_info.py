@@ -196,9 +196,11 @@ class SamplingBatchInfo:
                 raise ValueError(f"expand: {count} rows need >= {count - 1} drafts and count >= 1")
             if not _reads_output_ids(row.params):  # only the length counts: no list copies
                 for j in range(count):
-                    r = SamplingRow(row.params, row.prompt_ids, row.output_ids, row.seed)
-                    r.unknown = row.unknown + j
-                    new_rows.append(r)
+                    new_rows.append(
+                        SamplingRow(
+                            row.params, row.prompt_ids, row.output_ids, row.seed, row.unknown + j
+                        )
+                    )
                 continue
             for j in range(count):
                 out = row.output_ids + [0] * row.unknown + list(drafts[:j])

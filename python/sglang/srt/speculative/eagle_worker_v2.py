@@ -20,7 +20,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
 from sglang.srt.managers.pending_result import PendingResult, begin_step
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
-from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.tp_worker import TpModelWorker, ids_by_request
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.sampling.random import (
@@ -40,6 +40,11 @@ from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
 from sglang.srt.speculative.verify import speculative_sample, verify_greedy
 from sglang.srt.utils.h2d import int64_to_device
+
+
+def token_starts(mwb: ModelWorkerBatch) -> list[int]:
+    """[bs] index of each request's first token in the step's token stream (host lists)."""
+    return list(accumulate([0, *mwb.extend_seq_lens[:-1]]))
 
 
 def plain_decode_output(
@@ -146,10 +151,7 @@ class EAGLEWorkerV2:
         bs = mwb.batch_size
 
         def to_result(host_ids: list[int]) -> GenerationBatchResult:
-            next_ids: list[int | None] = [None] * bs
-            for i, t in zip(rows, host_ids, strict=True):
-                next_ids[i] = t
-            result = GenerationBatchResult(next_token_ids=next_ids)
+            result = GenerationBatchResult(next_token_ids=ids_by_request(bs, rows, host_ids))
             result.draft_hidden = draft_hidden
             return result
 
@@ -165,7 +167,7 @@ class EAGLEWorkerV2:
         fb.capture_hidden_mode = CaptureHiddenMode.FULL
         out = runner.forward(fb)
         hidden = out.hidden_states  # [T, 3H]
-        starts = list(accumulate([0, *mwb.extend_seq_lens[:-1]]))  # host: no device read
+        starts = token_starts(mwb)
         rows, ids, slots, reqs, prefix, lens = [], [], [], [], [], []
         for i, ext_ids in enumerate(mwb.spec.draft_extend_ids):
             if not ext_ids:
@@ -210,7 +212,7 @@ class EAGLEWorkerV2:
         plan, info = mwb.spec, mwb.sampling_info
         d = plan.draft_lens
         active = [i for i in range(len(d)) if d[i] > 0]
-        starts = torch.tensor([0] + mwb.extend_seq_lens[:-1]).cumsum(0).tolist()
+        starts = token_starts(mwb)
         drafts: list[list[int]] = [[] for _ in d]
         q_rows: list[list[torch.Tensor]] = [[] for _ in d]
         (catchup_ids,) = int64_to_device(
@@ -279,7 +281,7 @@ class EAGLEWorkerV2:
         drafts, q = self.draft_tokens(mwb)
         # Target verify: one ragged extend of sum(1 + d_i) tokens [x_n, d_1 .. d_{d_i}].
         input_ids = mwb.input_ids.clone()
-        starts = torch.tensor([0] + mwb.extend_seq_lens[:-1]).cumsum(0).tolist()
+        starts = token_starts(mwb)
         for i, ds in enumerate(drafts):
             if ds:
                 input_ids[starts[i] + 1 : starts[i] + 1 + len(ds)] = torch.tensor(ds)

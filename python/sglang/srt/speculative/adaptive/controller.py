@@ -21,6 +21,7 @@ from sglang.srt.speculative.adaptive.registry import AdaptiveConfig, build_polic
 from sglang.srt.speculative.adaptive.step_time_model import (
     StepTimeModel,
     allocation_features,
+    plain_step_features,
     profile_step_time,
 )
 
@@ -167,9 +168,8 @@ class AdaptiveController:
         if sum_d:
             pending = [r.draft.num_pending for r in reqs]
             x = allocation_features(draft_lens, pending, kv)
-        else:  # the common step under load: its features without the per-request work
-            n = float(len(reqs))
-            x = np.array([1.0, n, n, 0.0, 0.0, 0.0, float(kv), 0.0])
+        else:  # the common step under load
+            x = plain_step_features(len(reqs), kv)
         debug = logger.isEnabledFor(logging.DEBUG)
         # reported only: no re-solve of the model on a plain step (it costs more than the rest)
         predicted = self.time_model.predict_unsolved(x)

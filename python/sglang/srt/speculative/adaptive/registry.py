@@ -61,11 +61,8 @@ class AdaptiveConfig:
 
 
 def _js(v: Any) -> str:
-    """v as JSON (what the user wrote: true, not True)."""
-    try:
-        return json.dumps(v)
-    except (TypeError, ValueError):
-        return repr(v)
+    """v (parsed from the config's JSON) as JSON: what the user wrote, true and not True."""
+    return json.dumps(v)
 
 
 def _err(msg: str) -> ValueError:

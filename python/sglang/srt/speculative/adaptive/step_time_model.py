@@ -79,6 +79,13 @@ def step_features(
     return np.stack(cols, axis=-1)
 
 
+def plain_step_features(bs: int, kv_tokens: int) -> np.ndarray:
+    """[F] features of a step where no request drafts (allocation_features of all zeros,
+    without the per-request work)."""
+    n = float(bs)
+    return np.array([1.0, n, n, 0.0, 0.0, 0.0, float(kv_tokens), 0.0])
+
+
 def allocation_features(
     draft_lens: Sequence[int] | np.ndarray, pending: Sequence[int] | np.ndarray, kv_tokens: int
 ) -> np.ndarray:
@@ -263,7 +270,7 @@ def fit_coefficients(
     # the verify column through its extra tokens only (in units of the verify_tokens scale)
     extra = x[~plain, col["verify_tokens"]] - x[~plain, col["bs"]]
     a2[:, 0] = extra / _SCALES[col["verify_tokens"]]
-    rest = y[~plain] - z[~plain] @ np.where(np.isin(np.arange(len(FEATURES)), s2), 0.0, theta)
+    rest = y[~plain] - z[~plain] @ theta  # stage 1's prediction (the s2 entries are still 0)
     theta[s2] = _relative_fit(a2, rest, y[~plain], theta0[s2], weight)
     coef = theta / _SCALES
     # plain steps keep their stage-1 prediction: c_bs + c_verify is what stage 1 fitted; a
