@@ -251,6 +251,15 @@ def test_config_parsing_and_validation(tmp_path):
             parse_adaptive_config(bad)
     with pytest.raises(ValueError, match="hysteresis"):
         parse_adaptive_config('{"hysteresis": -1}')
+    # errors quote the value as the user wrote it (JSON true, not Python True)
+    with pytest.raises(ValueError, match=r"'probe_every' must be an integer >= 0, got true$"):
+        parse_adaptive_config('{"probe_every": true}')
+    with pytest.raises(ValueError, match=r"'probe_every' must be an integer >= 0, got -1$"):
+        parse_adaptive_config('{"probe_every": -1}')
+    assert parse_adaptive_config('{"probe_every": 0}').probe_every == 0
+    assert parse_adaptive_config('{"time_model": {"draft_reqs": 0.001}}').time_model == {
+        "draft_reqs": 0.001
+    }
 
 
 def test_server_args_validation():
