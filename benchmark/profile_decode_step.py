@@ -9,13 +9,18 @@ Per mode (`overlap`: the default CUDA scheduler loop, steps queued ahead of the 
 --disable-overlap-schedule, each step waits for its tokens; `adaptive`: overlap with EAGLE-3
 (--draft-path, default the bundled draft) and --speculative-adaptive; `static_sync`: the same
 draft at a static K = --spec-k with overlap off, so that --cprofile sees the whole speculative
-step on the scheduler thread), in a fresh process:
+step on the scheduler thread; `adaptive_sync`: adaptive with overlap off), in a fresh process:
 an in-process Scheduler (no HTTP, no tokenizer process) decodes --batch-size requests (random
 prompt ids, greedy, ignore_eos) and reports
 
 - prefill_ms: wall time of the prefill of the batch's prompts (all submitted at once, every
   step until the waiting queue is empty, the last one committed; includes the speculative
   draft extend), the first prefill of the process (no warm-up);
+- ttft_ms (--ttft-rounds N): N times, one more request (a fresh prompt of the same kind) is
+  submitted while the batch decodes; wall time from its submission until its first token is
+  committed (scheduler steps in a loop; CUDA synchronised at the start), i.e. the server-side
+  TTFT under a running batch of --batch-size; median and all rounds. With --torch-profile, the
+  torch profiler's top CPU and CUDA ops over the last three rounds;
 - step_ms: wall time per scheduler step over --steps decode steps (CUDA synchronised at both
   ends), i.e. what one token of each request costs end to end inside the scheduler;
 - graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
@@ -37,6 +42,7 @@ import cProfile
 import io
 import json
 import logging
+import os
 import pstats
 import subprocess
 import sys
@@ -60,12 +66,13 @@ def one_mode(a: argparse.Namespace) -> dict:
     torch.set_grad_enabled(False)
     spec = {}
     trace: list[str] = []
-    if a.mode in ("adaptive", "static_sync"):  # EAGLE-3 (the bundled draft unless --draft-path)
+    # EAGLE-3 (the bundled draft unless --draft-path)
+    if a.mode in ("adaptive", "adaptive_sync", "static_sync"):
         spec = dict(
             speculative_algorithm="EAGLE3",
             speculative_draft_model_path=a.draft_path,
-            speculative_num_steps=5 if a.mode == "adaptive" else a.spec_k,
-            speculative_adaptive=a.mode == "adaptive",
+            speculative_num_steps=a.spec_k if a.mode == "static_sync" else 5,
+            speculative_adaptive=a.mode != "static_sync",
         )
         log = logging.getLogger("sglang.srt.speculative.adaptive.controller")
         log.setLevel(logging.DEBUG)
@@ -76,13 +83,14 @@ def one_mode(a: argparse.Namespace) -> dict:
         dtype=a.dtype,
         device=a.device,
         max_total_tokens=a.max_total_tokens,
-        cuda_graph_bs=[a.batch_size],
-        disable_overlap_schedule=a.mode in ("sync", "static_sync"),
+        cuda_graph_bs=[a.batch_size, a.batch_size + 1],  # + 1: the TTFT rounds' extra request
+        disable_overlap_schedule=a.mode in ("sync", "static_sync", "adaptive_sync"),
         attention_backend=a.attention_backend,
         **spec,
     )
     warm = 8
-    params = {"max_new_tokens": warm + a.steps + 16, "temperature": 0, "ignore_eos": True}
+    budget = warm + a.steps + 16 + 8 * a.ttft_rounds
+    params = {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}
     gen = torch.Generator().manual_seed(0)
     for i in range(a.batch_size):
         if a.mtbench:  # real text under the chat template (draft acceptance as in serving)
@@ -102,14 +110,17 @@ def one_mode(a: argparse.Namespace) -> dict:
         sched.step()
     _sync(a.device)
     prof = cProfile.Profile() if a.cprofile else None
+    cpu0 = _thread_cpu_s()
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
     for _ in range(a.steps):
         sched.step()
     _sync(a.device)
-    step_ms = 1e3 * (time.perf_counter() - t0) / a.steps
+    wall = time.perf_counter() - t0
+    step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
+    out["decode_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), wall)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
         text = io.StringIO()
@@ -119,6 +130,8 @@ def one_mode(a: argparse.Namespace) -> dict:
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
         out["scheduler_thread_cprofile_cumulative45"] = text.getvalue().splitlines()
         out["note"] = "step_ms is inflated by cProfile in this run"
+    if a.ttft_rounds:
+        out.update(_ttft_rounds(sched, a, gen))
     runner = sched.tp_worker.model_runner.cuda_graph_runner
     if runner is not None:
         key = runner.pick(a.batch_size, a.batch_size)
@@ -139,6 +152,90 @@ def one_mode(a: argparse.Namespace) -> dict:
     if sched.worker_client is not None:
         sched.worker_client.shutdown()
     return out
+
+
+def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
+    """Server-side TTFT of one extra request at a time under the running batch (see the module
+    docstring); with --torch-profile, op tables of the last three rounds."""
+    from sglang.test.scheduler_utils import collect, submit
+
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    ms: list[float] = []
+    prof = None
+    cprof = cProfile.Profile() if a.cprofile else None
+    cpu0, wall0 = _thread_cpu_s(), time.perf_counter()
+    for r in range(a.ttft_rounds):
+        if a.mtbench:
+            ids = _mtbench_ids(sched.tokenizer, 1000 + r)
+        else:
+            ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
+        if a.torch_profile and r == a.ttft_rounds - 3:
+            prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU]
+                + ([torch.profiler.ProfilerActivity.CUDA] if a.device == "cuda" else [])
+            )
+            prof.__enter__()
+        outputs: dict = {}
+        collect(sched, outputs)
+        outputs.clear()
+        _sync(a.device)
+        t0 = time.perf_counter()
+        if cprof is not None:
+            cprof.enable()
+        submit(sched, f"t{r}", ids, params, stream=True)
+        while not outputs.get(f"t{r}", {}).get("output_ids"):
+            sched.step()
+            collect(sched, outputs)
+        ms.append(1e3 * (time.perf_counter() - t0))
+        if cprof is not None:
+            cprof.disable()
+        for _ in range(6):  # let it finish before the next round
+            sched.step()
+    out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms}
+    out["ttft_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), time.perf_counter() - wall0)
+    if cprof is not None:  # the scheduler thread over the TTFT rounds
+        text = io.StringIO()
+        pstats.Stats(cprof, stream=text).sort_stats("cumulative").print_stats(40)
+        out["ttft_cprofile_cumulative40"] = text.getvalue().splitlines()
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        ka = prof.key_averages()
+        cpu_table = ka.table(sort_by="self_cpu_time_total", row_limit=30)
+        out["torch_profile_cpu"] = cpu_table.splitlines()
+        if a.device == "cuda":
+            out["torch_profile_cuda"] = ka.table(
+                sort_by="self_cuda_time_total", row_limit=30
+            ).splitlines()
+    return out
+
+
+def _thread_cpu_s() -> dict[str, tuple[str, float]]:
+    """Per thread of this process (Linux /proc): (name, user + system CPU seconds)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(") ", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended
+            continue
+        name += " (main)" if int(tid) == os.getpid() else ""
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _cpu_share(before: dict, after: dict, wall_s: float) -> list[str]:
+    """The busiest threads over a window: 'name/tid: CPU seconds per wall second'."""
+    rows = []
+    for tid, (name, cpu) in after.items():
+        rows.append((cpu - before.get(tid, (name, 0.0))[1], f"{name}/{tid}"))
+    rows.sort(reverse=True)
+    total = sum(c for c, _ in rows)
+    return [f"total: {total / wall_s:.2f}"] + [f"{n}: {c / wall_s:.2f}" for c, n in rows[:8]]
 
 
 def _sync(device: str) -> None:
@@ -179,13 +276,23 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--max-total-tokens", type=int, default=32768)
     p.add_argument(
-        "--modes", nargs="+", default=["overlap", "sync"], help="overlap sync adaptive static_sync"
+        "--modes",
+        nargs="+",
+        default=["overlap", "sync"],
+        help="overlap sync adaptive adaptive_sync static_sync",
     )
     p.add_argument("--device", default="cuda", help="cpu: only to check the script")
     p.add_argument("--mtbench", action="store_true", help="MT-Bench prompts, not random ids")
     p.add_argument("--spec-k", type=int, default=1, help="K of mode static_sync")
     p.add_argument("--draft-path", default=None, help="EAGLE-3 draft of mode adaptive")
     p.add_argument("--cprofile", action="store_true", help="profile the scheduler thread")
+    p.add_argument("--ttft-rounds", type=int, default=0, help="TTFT of N extra requests")
+    p.add_argument("--torch-profile", action="store_true", help="op tables of 3 TTFT rounds")
+    p.add_argument(
+        "--default-cpu-pools",
+        action="store_true",
+        help="keep OpenMP/OpenBLAS/MKL at one thread per core (a server's scheduler uses one)",
+    )
     p.add_argument("--copy-gib", type=float, default=4.0)
     p.add_argument("--result-file", default=None)
     p.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one mode, print JSON
@@ -197,6 +304,7 @@ def main() -> None:
         return
     result: dict = {"meta": run_meta(sys.argv), "settings": vars(a), "modes": {}}
     from sglang.srt.model_loader.loader import resolve_model_path
+    from sglang.srt.utils.process import scheduler_thread_env
 
     with open(f"{resolve_model_path(a.model_path)}/config.json") as f:
         weight_bytes = llama_weight_bytes(json.load(f), 2 if "16" in a.dtype else 4)["total"]
@@ -207,7 +315,9 @@ def main() -> None:
     result["roofline_ms"] = roofline_ms
     for mode in a.modes:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ)  # the CPU thread pools of a server's scheduler process
+        env.update(scheduler_thread_env(a.device) if not a.default_cpu_pools else {})
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             result["modes"][mode] = {"error": proc.stderr[-3000:]}

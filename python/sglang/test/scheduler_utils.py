@@ -23,10 +23,11 @@ def submit(
     params: dict,
     seed: int = 0,
     return_logprob: bool = False,
+    stream: bool = False,
 ) -> None:
     sp = build_sampling_params(params, sched.tokenizer, sched.model_config)
     sched.handle_message(
-        TokenizedGenerateReqInput(rid, None, input_ids, sp, return_logprob, -1, 0, False, seed)
+        TokenizedGenerateReqInput(rid, None, input_ids, sp, return_logprob, -1, 0, stream, seed)
     )
 
 

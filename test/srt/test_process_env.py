@@ -1,0 +1,34 @@
+"""The CPU thread pools of a CUDA scheduler process (utils/process.py)."""
+
+import os
+import subprocess
+import sys
+
+from sglang.srt.utils.process import CPU_POOL_ENV, child_env, scheduler_thread_env
+
+
+def test_cuda_scheduler_gets_one_thread_per_pool_unless_the_user_set_one(monkeypatch):
+    for k in CPU_POOL_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert scheduler_thread_env("cuda") == {k: "1" for k in CPU_POOL_ENV}
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    env = scheduler_thread_env("cuda")
+    assert "OMP_NUM_THREADS" not in env
+    assert env == {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def test_cpu_scheduler_keeps_its_thread_pools(monkeypatch):
+    for k in CPU_POOL_ENV:
+        monkeypatch.delenv(k, raising=False)
+    assert scheduler_thread_env("cpu") == {}
+
+
+def test_child_env_reaches_the_child_and_the_parent_is_restored(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    code = "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"
+    with child_env({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.split() == ["1", "1"], out.stderr
+    assert "OMP_NUM_THREADS" not in os.environ
+    assert os.environ["MKL_NUM_THREADS"] == "3"
