@@ -136,6 +136,11 @@ def test_info_endpoints(server, tiny_model_dir):
     cuda = torch.cuda.is_available()  # what the defaults resolved to on this machine
     assert state["attention_backend"] in (("flashinfer", "triton") if cuda else ("torch_native",))
     assert state["overlap_schedule"] is cuda and (state["cuda_graph_bs"] != []) is cuda
+    # a CUDA scheduler runs one CPU thread per pool unless the user set OMP_NUM_THREADS
+    if cuda and "OMP_NUM_THREADS" not in os.environ:
+        assert state["cpu_threads"] == 1
+    elif not cuda:
+        assert state["cpu_threads"] == torch.get_num_threads()
     assert server.get("/health_generate").status_code == 200
     assert server.get("/flush_cache").status_code == 200
     assert server.post("/flush_cache", {}).status_code == 200

@@ -315,6 +315,7 @@ class Scheduler:
             "attention_backend": runner.attention_backend_name,
             "cuda_graph_bs": list(graphs.batch_sizes) if graphs is not None else [],
             "overlap_schedule": self.enable_overlap,
+            "cpu_threads": torch.get_num_threads(),  # torch's intra-op pool in this process
         }
 
     def is_idle(self) -> bool:
