@@ -9,7 +9,9 @@
 - scheduler: the in-process Scheduler on a tiny random model (tiny EAGLE-3 draft), batch
   --batch-size, 48 tokens per request, plain vs --speculative-adaptive with a fixed model under
   which nothing drafts; ms per decode step of each scheduler phase (plan / build / commit,
-  wall time of the calls), so the difference is the speculative bookkeeping of plain steps.
+  wall time of the calls), so the difference is the speculative bookkeeping of plain steps;
+  `_staggered`: the same with requests of 8-40 tokens topped up to the batch size every step
+  (requests join and finish nearly every step, as under serving load; prefills included).
 
 Run it with PYTHONPATH=<a worktree of another commit>/python to measure that commit (the
 script only uses interfaces that have not changed).
@@ -77,7 +79,7 @@ def observe_us() -> dict:
     return out
 
 
-def scheduler_ms(bs: int) -> dict:
+def scheduler_ms(bs: int, staggered: bool = False) -> dict:
     from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
     from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
     from sglang.test.tiny_models import make_tiny_model_dir
@@ -118,7 +120,18 @@ def scheduler_ms(bs: int) -> dict:
 
             setattr(obj, fn, timed)
         n0 = 0
-        for rep in range(3):
+        if staggered:  # requests of 8-40 tokens, topped up to bs every step (serving-like)
+            rng = np.random.default_rng(0)
+            for k in range(24 * bs):
+                while len(s.running) + len(s.waiting_queue) < bs:
+                    p = dict(params, max_new_tokens=int(rng.integers(8, 41)))
+                    submit(s, f"s{k}_{len(s.waiting_queue)}", list(range(10, 40)), p)
+                s.step()
+                if k == 2 * bs:
+                    acc.clear()
+                    n0 = s.stats["forward_steps"]
+            run_until_idle(s, {})
+        for rep in range(0 if staggered else 3):
             for i in range(bs):
                 submit(s, f"r{rep}_{i}", list(range(10, 40)), params)
             s.step()
@@ -149,6 +162,7 @@ def main() -> None:
         "policy_ms": policy_ms(),
         "observe_us": observe_us(),
         f"scheduler_ms_per_step_bs{a.batch_size}": scheduler_ms(a.batch_size),
+        f"scheduler_ms_per_step_bs{a.batch_size}_staggered": scheduler_ms(a.batch_size, True),
     }
     print(json.dumps(result, indent=1))
     if a.result_file:

@@ -395,10 +395,11 @@ def test_idle_requests_drift_back_to_the_prior_and_are_retried():
     assert stuck < 0.3 and stuck < tr.server_alpha()[0] - 0.4
 
 
-def test_all_zero_choice_is_reused_until_the_batch_changes():
-    """recheck_every: an all-zero decision for the same requests skips the policy (and the
-    caps) for the next recheck_every - 1 steps; a different batch, a new request, or the
-    recheck runs it again. decide() is what SpecScheduler.choose_draft_lens does."""
+def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
+    """recheck_every: an all-zero decision skips the policy (and the caps) for the next
+    recheck_every - 1 steps while the batch has at least as many requests (new requests,
+    other requests in the same slots); a smaller batch or the recheck runs it again.
+    decide() is what SpecScheduler.choose_draft_lens does."""
     from types import SimpleNamespace
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
@@ -414,27 +415,32 @@ def test_all_zero_choice_is_reused_until_the_batch_changes():
     choose = ctl.policy.choose
     ctl.policy.choose = lambda v, f: calls.append(v.size) or choose(v, f)
     reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
-            for i in range(4)]  # fmt: skip
+            for i in range(6)]  # fmt: skip
     for _ in range(3):
-        assert decide(ctl, reqs, [K] * 4) == [0] * 4
+        assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4
     assert calls == [4]  # one policy run, then two reuses
-    assert decide(ctl, reqs, [K] * 4) == [0] * 4 and calls == [4, 4]  # recheck
-    assert decide(ctl, reqs[:3], [K] * 3) == [0] * 3 and calls == [4, 4, 3]  # batch changed
+    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4 and calls == [4, 4]  # recheck
+    ctl.on_admit(4)  # a request joins: a larger batch reuses the decision
+    assert decide(ctl, reqs[:5], [K] * 5) == [0] * 5 and calls == [4, 4]
+    # the same size with another request in place of one that finished: reused too
+    ctl.on_admit(5)
+    assert decide(ctl, reqs[1:6], [K] * 5) == [0] * 5 and calls == [4, 4]
+    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4 and calls == [4, 4, 4]  # smaller: runs
     ctl.time_model = LIGHT  # drafting pays now, but the zero choice is still being reused
-    assert decide(ctl, reqs[:3], [K] * 3) == [0] * 3
-    assert decide(ctl, reqs[:3], [K] * 3) == [0] * 3
-    assert min(decide(ctl, reqs[:3], [K] * 3)) > 0 and calls == [4, 4, 3, 3]
+    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4
+    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4
+    assert min(decide(ctl, reqs[:4], [K] * 4)) > 0 and calls == [4, 4, 4, 4]
     ctl.time_model = nothing_pays
-    assert decide(ctl, reqs, [K] * 4) == [0] * 4 and calls[-1] == 4  # new batch: runs
-    assert decide(ctl, reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 5  # reused (any caps)
-    ctl.on_admit(7)
-    assert decide(ctl, reqs, [K, K, K, 1]) == [0] * 4 and len(calls) == 6  # a new request
+    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4 and len(calls) == 5  # drafted last: runs
+    assert decide(ctl, reqs[:4], [K, K, K, 1]) == [0] * 4 and len(calls) == 5  # any caps
+    ctl.time_model = LIGHT  # a batch of 3 is smaller: the policy runs and drafts
+    assert min(decide(ctl, reqs[:3], [K] * 3)) > 0 and len(calls) == 6
     one = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=8)
     one.time_model, n = nothing_pays, []
     inner = one.policy.choose
     one.policy.choose = lambda v, f: n.append(1) or inner(v, f)
     for _ in range(3):
-        one.choose(reqs, [K] * 4)
+        one.choose(reqs[:4], [K] * 4)
     assert len(n) == 3
 
 
