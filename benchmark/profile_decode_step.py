@@ -161,6 +161,8 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
 
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
     ms: list[float] = []
+    running: list[int] = []  # decoding requests at each round's submission (drafting modes
+    # commit up to K + 1 tokens per step and may finish the batch early)
     prof = None
     cprof = cProfile.Profile() if a.cprofile else None
     cpu0, wall0 = _thread_cpu_s(), time.perf_counter()
@@ -169,7 +171,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
             ids = _mtbench_ids(sched.tokenizer, 1000 + r)
         else:
             ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
-        if a.torch_profile and r == a.ttft_rounds - 3:
+        if a.torch_profile and r == max(0, a.ttft_rounds - 3):
             prof = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CPU]
                 + ([torch.profiler.ProfilerActivity.CUDA] if a.device == "cuda" else [])
@@ -182,6 +184,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
         t0 = time.perf_counter()
         if cprof is not None:
             cprof.enable()
+        running.append(len(sched.running))
         submit(sched, f"t{r}", ids, params, stream=True)
         while not outputs.get(f"t{r}", {}).get("output_ids"):
             sched.step()
@@ -191,7 +194,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
             cprof.disable()
         for _ in range(6):  # let it finish before the next round
             sched.step()
-    out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms}
+    out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms, "running": running}
     out["ttft_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), time.perf_counter() - wall0)
     if cprof is not None:  # the scheduler thread over the TTFT rounds
         text = io.StringIO()
@@ -211,8 +214,6 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
 
 def _thread_cpu_s() -> dict[str, tuple[str, float]]:
     """Per thread of this process (Linux /proc): (name, user + system CPU seconds)."""
-    import os
-
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for tid in os.listdir("/proc/self/task"):

@@ -435,6 +435,11 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     assert decide(ctl, reqs[:4], [K, K, K, 1]) == [0] * 4 and len(calls) == 5  # any caps
     ctl.time_model = LIGHT  # a batch of 3 is smaller: the policy runs and drafts
     assert min(decide(ctl, reqs[:3], [K] * 3)) > 0 and len(calls) == 6
+    # the baselines never reuse: a tier table that drafts more for larger batches is followed
+    tiers = parse_adaptive_config(json.dumps({"policy": "tiers", "tiers": {"1": 0, "4": 2}}))
+    tc = AdaptiveController(tiers, K, num_slots=8)
+    assert decide(tc, reqs[:2], [K] * 2) == [0, 0]
+    assert decide(tc, reqs[:4], [K] * 4) == [2] * 4
     one = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=8)
     one.time_model, n = nothing_pays, []
     inner = one.policy.choose

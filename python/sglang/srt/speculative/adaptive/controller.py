@@ -100,14 +100,18 @@ class AdaptiveController:
         return self.time_model.predict(x)
 
     def reuse_zero(self, reqs: Sequence[Any]) -> bool:
-        """True (and one reuse counted) when the last policy run chose all zeros, at most
-        cfg.recheck_every - 1 steps ago, for a batch no larger than this one: the policy is
-        not run this step. Requests that joined since (at the server-wide acceptance prior)
-        or replaced finished ones do not make drafting pay on a batch at least as large; a
-        smaller batch might, so it runs the policy again. Under load, where requests join and
-        finish nearly every step, this keeps the decision's host cost (the policy's numpy work,
-        ~0.1-0.7 ms per run, plus each request's cap, a few microseconds) off most steps.
-        Zeros are within any caps."""
+        """True (and one reuse counted) when the goodput policy's last run chose all zeros, at
+        most cfg.recheck_every - 1 steps ago, for a batch no larger than this one: the policy
+        is not run this step. Under load, where requests join and finish nearly every step,
+        this keeps the decision's host cost (the policy's numpy work, ~0.1-0.7 ms per run,
+        plus each request's cap, a few microseconds) off most steps.
+
+        A heuristic with a bounded delay: a larger batch or a newly joined request (at the
+        server-wide acceptance prior) can make drafting pay, and that is then seen at the
+        recheck, at most recheck_every - 1 steps late; a smaller batch re-runs the policy at
+        once. The fixed and tiers baselines are never reused (they cost almost nothing and
+        must do what they are configured to do, e.g. a tier table that drafts more for larger
+        batches). Zeros are within any caps."""
         if self._zero_left <= 0 or len(reqs) < self._zero_bs:
             return False
         self._zero_left -= 1
@@ -136,7 +140,7 @@ class AdaptiveController:
                 self._drafting_run = 0
                 self.num_probes += 1
                 return [0] * len(reqs)
-        else:
+        elif self.policy.name == "goodput":
             self._zero_left, self._zero_bs = self.cfg.recheck_every - 1, len(reqs)
         return chosen
 

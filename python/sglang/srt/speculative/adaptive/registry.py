@@ -6,8 +6,8 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "fixed_k": 3,                               # fixed: draft length (default K)
      "tiers": {"1": 3, "8": 2, "32": 1, "64": 0},# tiers: batch-size threshold -> draft length
      "hysteresis": 0.02,                         # goodput: relative gain needed to switch
-     "recheck_every": 4,                         # an all-zero choice is reused this many
-                                                 # steps while the batch does not shrink (1: off)
+     "recheck_every": 4,                         # goodput: an all-zero choice is reused for
+                                                 # the next 3 steps unless the batch shrinks
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
