@@ -44,3 +44,46 @@ def test_multi_row_ranges_overflow_and_clear():
     assert d.stale and d.hidden_states is None
     d.append_rows(a, 0, 1, max_pending=8)
     assert d.num_pending == 0
+
+
+def test_requests_compacted_together_keep_their_own_rows_and_release_step_outputs(monkeypatch):
+    """SpecScheduler appends without compacting and then compacts every due request in one
+    copy (compact_pending): each request's pending rows stay its own, in order, the step
+    outputs are released, and a later draft sees exactly its rows (a view, no copy)."""
+    import sglang.srt.speculative.spec_info as spec_info
+
+    cats = []
+    real_cat = torch.cat
+    monkeypatch.setattr(spec_info.torch, "cat", lambda xs: cats.append(len(xs)) or real_cat(xs))
+    n_req, n_steps = 5, COMPACT_CHUNKS + 3
+    drafts = [EagleDraftInput() for _ in range(n_req)]
+    want = [[] for _ in range(n_req)]
+    refs = []
+    for step_i in range(n_steps):
+        step = torch.randn(n_req + 2, 6)  # rows shifted per step, as batches change
+        refs.append(weakref.ref(step))
+        due = []
+        for r, d in enumerate(drafts):
+            if r == 4 and step_i < 3:  # request 4 joins three steps later
+                continue
+            row = (r + step_i) % (n_req + 2)
+            d.append_rows(step, row, row + 1, max_pending=1024, compact=False)
+            want[r].append(step[row].clone())
+            if d.compaction_due:
+                due.append(d)
+        spec_info.compact_pending(due)
+        del step
+    assert cats == [4 * COMPACT_CHUNKS, COMPACT_CHUNKS]  # requests 0-3 together, then 4
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 3  # only the 3 newest steps are referenced
+    shared = drafts[0].chunks[0][0]
+    assert all(d.chunks[0][0] is shared for d in drafts[:4])
+    for r, d in enumerate(drafts):
+        assert d.num_pending == len(want[r])
+        assert torch.equal(d.hidden_states, torch.stack(want[r]))
+        assert len(d.chunks) == 1
+    one = EagleDraftInput()  # a single range at an offset: a view of its source, no copy
+    src = torch.randn(8, 6)
+    one.append_rows(src, 2, 5, max_pending=1024)
+    assert one.hidden_states.data_ptr() == src[2].data_ptr()
+    assert torch.equal(one.hidden_states, src[2:5])

@@ -15,7 +15,7 @@ from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, Sched
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.adaptive.warmup import profile_on_worker
-from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
+from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan, compact_pending
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -134,6 +134,7 @@ class SpecScheduler:
         drafting = committed = 0
         out = s.outputs
         hidden, starts = spec.hidden_states, spec.hidden_starts
+        due: list[EagleDraftInput] = []  # compacted together after the loop (one copy)
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
             toks = spec.tokens[i]
@@ -156,9 +157,12 @@ class SpecScheduler:
                 d.clear()
             # rows [start, start + appended) of hidden ([R, 3H]) are the states of the
             # positions committed this step
-            d.append_rows(hidden, starts[i], starts[i] + appended, MAX_PENDING_HIDDEN)
+            d.append_rows(hidden, starts[i], starts[i] + appended, MAX_PENDING_HIDDEN, False)
             if req.finished():
                 out.finish(req)
+            elif d.compaction_due:
+                due.append(d)
+        compact_pending(due)
         st = self.stats
         st["spec_verify_steps"] += len(batch.reqs)
         st["spec_committed_tokens"] += committed

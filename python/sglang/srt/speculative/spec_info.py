@@ -50,10 +50,12 @@ class EagleDraftInput:
     """Per-request draft state, stored on the scheduler's Req.
 
     The pending target aux hidden states of positions [draft_kv_len, draft_kv_len +
-    num_pending) are kept as row ranges of the step outputs that produced them
-    (`chunks`: (tensor [R, 3 * target_hidden] model dtype on the model device, first row, end
-    row)) and are concatenated only when the request drafts (`hidden_states`). A step that
-    does not draft therefore costs one list append per request, not a device copy.
+    num_pending) are kept as row ranges of the tensors that hold them (`chunks`: (tensor [R, 3
+    * target_hidden] model dtype on the model device, first row, end row)): at first the step
+    outputs that produced them, after a compaction one range of a concatenation that may be
+    shared with other requests compacted in the same step (compact_pending). They are made
+    contiguous only when the request drafts (`hidden_states`). A step that does not draft
+    therefore costs one list append per request, not a device copy.
     """
 
     draft_kv_len: int = 0  # positions whose draft KV is valid
@@ -63,18 +65,29 @@ class EagleDraftInput:
 
     @property
     def hidden_states(self) -> torch.Tensor | None:
-        """[num_pending, 3 * target_hidden] (one concatenation, kept), or None when empty."""
+        """[num_pending, 3 * target_hidden] (one concatenation, kept, when there are several
+        chunks; else a view of the one range), or None when empty."""
         if not self.chunks:
             return None
-        if len(self.chunks) > 1 or self.chunks[0][1] != 0:
-            self._compact()
-        t, _, b = self.chunks[0]
-        return t if b == t.shape[0] else t[:b]
+        if len(self.chunks) > 1:
+            compact_pending([self])
+        t, a, b = self.chunks[0]
+        return t if a == 0 and b == t.shape[0] else t[a:b]
 
-    def append_rows(self, hidden: torch.Tensor, start: int, end: int, max_pending: int) -> None:
-        """Add rows [start, end) of hidden: the states of newly committed positions. Every
-        COMPACT_CHUNKS chunks are copied into one tensor of this request's rows, so a request
-        that does not draft keeps its own rows alive, not whole step outputs."""
+    @property
+    def compaction_due(self) -> bool:
+        """COMPACT_CHUNKS or more chunks: time to copy them into one range (the step outputs
+        they reference are then released)."""
+        return len(self.chunks) >= COMPACT_CHUNKS
+
+    def append_rows(
+        self, hidden: torch.Tensor, start: int, end: int, max_pending: int, compact: bool = True
+    ) -> None:
+        """Add rows [start, end) of hidden: the states of newly committed positions. With
+        `compact`, every COMPACT_CHUNKS chunks are copied into one tensor of this request's
+        rows, so a request that does not draft keeps its own rows alive, not whole step
+        outputs; without, the caller compacts (compact_pending over the requests whose
+        compaction_due, one copy for all of them)."""
         if self.stale or end <= start:
             return
         self.chunks.append((hidden, start, end))
@@ -82,25 +95,41 @@ class EagleDraftInput:
         if self.num_pending > max_pending:  # bound memory for requests that stopped drafting
             self.clear()
             self.stale = True
-        elif len(self.chunks) >= COMPACT_CHUNKS:
-            self._compact()
-
-    def _compact(self) -> None:
-        """Replace the chunks by one concatenation (on the current stream). The sources may
-        come from the overlap worker's stream and be freed right after: record_stream keeps
-        their memory from being reused there before this copy has read it."""
-        srcs = [t for t, _, _ in self.chunks]
-        cat = torch.cat([t[a:b] for t, a, b in self.chunks])
-        if cat.is_cuda:
-            stream = torch.cuda.current_stream(cat.device)
-            for t in {id(t): t for t in srcs}.values():
-                t.record_stream(stream)
-        self.chunks = [(cat, 0, self.num_pending)]
+        elif compact and self.compaction_due:
+            compact_pending([self])
 
     def clear(self) -> None:
         """The draft consumed every pending state."""
         self.chunks = []
         self.num_pending = 0
+
+
+def compact_pending(drafts: list[EagleDraftInput]) -> None:
+    """Copy the pending rows of every draft in `drafts` into one tensor (one torch.cat on the
+    current stream) and give each draft its own contiguous row range of it, in order. Drafts
+    with no chunks are skipped.
+
+    The sources may come from the overlap worker's stream and be freed right after:
+    record_stream (once per distinct source) keeps their memory from being reused there before
+    this copy has read it. The concatenation lives as long as any draft still references its
+    range (at most until each of them compacts again, drafts, or finishes)."""
+    drafts = [d for d in drafts if d.chunks]
+    if not drafts:
+        return
+    pieces, sources = [], {}
+    for d in drafts:
+        for t, a, b in d.chunks:
+            pieces.append(t[a:b])
+            sources[id(t)] = t
+    cat = torch.cat(pieces)
+    if cat.is_cuda:
+        stream = torch.cuda.current_stream(cat.device)
+        for t in sources.values():
+            t.record_stream(stream)
+    off = 0
+    for d in drafts:
+        d.chunks = [(cat, off, off + d.num_pending)]
+        off += d.num_pending
 
 
 @dataclass
