@@ -277,6 +277,18 @@ def test_server_args_validation():
     a = ServerArgs(speculative_adaptive_config='{"recheck_every": 2}')  # the config alone
     with pytest.raises(ValueError, match="--speculative-adaptive-config needs"):
         resolve_speculative_args(a, bundled=False)
+    a = ServerArgs(  # fixed_k beyond K fails at start-up, naming both
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/x",
+        speculative_num_steps=3,
+        speculative_adaptive=True,
+        speculative_adaptive_config='{"policy": "fixed", "fixed_k": 4}',
+    )
+    with pytest.raises(ValueError, match="'fixed_k' 4 exceeds --speculative-num-steps 3"):
+        resolve_speculative_args(a, bundled=False)
+    a.speculative_adaptive_config = '{"policy": "fixed", "fixed_k": 3}'
+    resolve_speculative_args(a, bundled=False)
+    assert a.speculative_num_steps == 3
 
 
 # ------------------------------------------------------------------------------ engine

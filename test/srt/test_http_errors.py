@@ -26,6 +26,7 @@ def comp(**kw) -> dict:
 
 
 # (path, body: dict | bytes, status, text the error message must contain)
+LP_START = {"input_ids": [1, 2, 3], "return_logprob": True}  # + a logprob_start_len
 CASES = [
     (CHAT, b'{"model": "default", "messages": [', 400, "json"),
     (
@@ -53,6 +54,7 @@ CASES = [
     (CHAT, chat(presence_penalty=5), 400, "presence_penalty"),
     (CHAT, chat(frequency_penalty="x"), 400, "frequency_penalty"),
     (CHAT, chat(top_logprobs=50, logprobs=True), 400, "top_logprobs"),
+    (CHAT, chat(top_logprobs=3), 400, "top_logprobs"),  # without logprobs: true
     (CHAT, chat(stop=["ok", ""]), 400, "stop"),
     (CHAT, chat(stream=[1]), 400, "stream"),
     (CHAT, chat(model="gpt-17"), 404, "gpt-17"),
@@ -86,6 +88,8 @@ CASES = [
     (GEN, {"input_ids": ["a"]}, 400, "input_ids"),
     (GEN, {"text": ""}, 400, "text"),
     (GEN, {"text": "hi", "sampling_params": {"max_new_tokens": -3}}, 400, "max_new_tokens"),
+    (GEN, LP_START | {"logprob_start_len": 3}, 400, "logprob_start_len"),
+    (GEN, LP_START | {"logprob_start_len": -5}, 400, "logprob_start_len"),
     (GEN, {"text": LONG_TEXT}, 400, "context length"),
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),

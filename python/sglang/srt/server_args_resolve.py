@@ -116,6 +116,10 @@ def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
             f"--speculative-num-draft-tokens must equal --speculative-num-steps + 1 for chains "
             f"(got {a.speculative_num_draft_tokens} and {a.speculative_num_steps})"
         )
+    if a.speculative_adaptive:  # values that depend on K (fixed_k <= K)
+        from sglang.srt.speculative.adaptive.registry import build_policy, parse_adaptive_config
+
+        build_policy(parse_adaptive_config(a.speculative_adaptive_config), a.speculative_num_steps)
     if a.speculative_draft_model_path is None:
         from sglang.srt.speculative.bundled_draft import bundled_draft_path
 

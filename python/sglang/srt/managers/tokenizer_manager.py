@@ -212,6 +212,11 @@ class TokenizerManager:
         if obj.top_logprobs_num < 0:
             raise ValueError("'top_logprobs_num' must be >= 0")
         start = obj.logprob_start_len
+        if obj.return_logprob and not -1 <= start < len(ids):
+            raise ValueError(
+                f"'logprob_start_len' must be -1 (the last prompt token) or in [0, {len(ids)}) "
+                f"for this prompt of {len(ids)} tokens, got {start}"
+            )
         if start == -1 and obj.return_logprob:  # upstream: score from the last prompt token
             start = len(ids) - 1
         seed = sp.sampling_seed if sp.sampling_seed is not None else self.rng.getrandbits(62)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _ALLOWED_ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -164,6 +164,12 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict | None = None
     chat_template_kwargs: dict | None = None
     continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:  # OpenAI's rule (vLLM checks it too)
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return self
 
     def max_new_tokens(self) -> int | None:
         return (
