@@ -108,7 +108,11 @@ class ServerArgs:
     speculative_algorithm: str | None = _arg(
         None, "Speculative decoding algorithm.", choices=["EAGLE", "EAGLE3"]
     )
-    speculative_draft_model_path: str | None = _arg(None, "EAGLE/EAGLE-3 draft checkpoint.")
+    speculative_draft_model_path: str | None = _arg(
+        None,
+        "EAGLE/EAGLE-3 draft checkpoint. Default: the bundled EAGLE-3 draft when serving the "
+        "bundled SmolLM2 model with EAGLE3; required otherwise.",
+    )
     speculative_num_steps: int | None = _arg(None, "Draft length K (default 3).")
     speculative_eagle_topk: int | None = _arg(None, "Draft tree width; only 1 (chains).")
     speculative_num_draft_tokens: int | None = _arg(None, "Verify tokens per request (K + 1).")
