@@ -86,10 +86,6 @@ def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
         return
     if a.speculative_adaptive_config is not None and not a.speculative_adaptive:
         raise ValueError("--speculative-adaptive-config needs --speculative-adaptive")
-    if a.speculative_adaptive:
-        from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
-
-        parse_adaptive_config(a.speculative_adaptive_config)  # ValueError naming the flag
     algo = a.speculative_algorithm.upper()
     if algo not in ("EAGLE", "EAGLE3"):
         raise ValueError(
@@ -116,7 +112,7 @@ def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
             f"--speculative-num-draft-tokens must equal --speculative-num-steps + 1 for chains "
             f"(got {a.speculative_num_draft_tokens} and {a.speculative_num_steps})"
         )
-    if a.speculative_adaptive:  # values that depend on K (fixed_k <= K)
+    if a.speculative_adaptive:  # ValueError naming the flag (fixed_k also needs K)
         from sglang.srt.speculative.adaptive.registry import build_policy, parse_adaptive_config
 
         build_policy(parse_adaptive_config(a.speculative_adaptive_config), a.speculative_num_steps)

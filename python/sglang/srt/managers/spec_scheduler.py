@@ -157,7 +157,8 @@ class SpecScheduler:
                 d.clear()
             # rows [start, start + appended) of hidden ([R, 3H]) are the states of the
             # positions committed this step
-            d.append_rows(hidden, starts[i], starts[i] + appended, MAX_PENDING_HIDDEN, False)
+            end = starts[i] + appended
+            d.append_rows(hidden, starts[i], end, MAX_PENDING_HIDDEN, compact=False)
             if req.finished():
                 out.finish(req)
             elif d.compaction_due:

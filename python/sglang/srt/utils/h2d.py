@@ -31,7 +31,7 @@ def int64_to_device(
         return [t.to(device) for t in host]
     sizes = [int(t.numel()) for t in host]
     flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
-    return list(flat.pin_memory().to(device, non_blocking=True).split(sizes))
+    return list(to_device_async(flat, device).split(sizes))
 
 
 def to_device_async(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -132,7 +132,8 @@ class GoodputPolicy:
         view: BatchView, time_fn: TimeFn, g: np.ndarray, rows: np.ndarray, js: np.ndarray
     ) -> bool:
         """True when no allocation can beat all zeros, decided from an upper bound (the common
-        case under load, without scoring the orders: 1.5 ms at batch 256). With time_fn linear
+        case under load, without scoring the orders, which takes 0.68 ms at batch 256 on the CPU
+        machine: benchmark/results/adaptive_host_cpu.json). With time_fn linear
         in the features and non-decreasing in each (non-negative coefficients), m draft tokens
         cost at least T1 + delta (m - 1), where T1 is the cheapest drafting step (one request,
         one token, the shortest catch-up) and delta the cheapest further token (same request,
