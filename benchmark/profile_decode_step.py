@@ -89,7 +89,8 @@ def one_mode(a: argparse.Namespace) -> dict:
         **spec,
     )
     warm = 8
-    budget = warm + a.steps + 16 + 8 * a.ttft_rounds
+    budget = warm + a.steps + 16 + 8 * a.ttft_rounds + a.py_spy_steps
+    budget += 2 * 1000 if a.py_spy_steps else 0  # py-spy's attach seconds (< 1 ms per step)
     params = {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}
     gen = torch.Generator().manual_seed(0)
     for i in range(a.batch_size):
@@ -130,6 +131,8 @@ def one_mode(a: argparse.Namespace) -> dict:
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
         out["scheduler_thread_cprofile_cumulative45"] = text.getvalue().splitlines()
         out["note"] = "step_ms is inflated by cProfile in this run"
+    if a.py_spy_steps:
+        out.update(_py_spy_window(sched, a))
     if a.ttft_rounds:
         out.update(_ttft_rounds(sched, a, gen))
     runner = sched.tp_worker.model_runner.cuda_graph_runner
@@ -143,6 +146,15 @@ def one_mode(a: argparse.Namespace) -> dict:
         _sync(a.device)
         out["graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
         out["host_overhead_ms"] = step_ms - out["graph_ms"]
+        if a.kernel_table:  # the graph's kernels (CUPTI traces kernels of graph launches)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kprof:
+                for _ in range(8):
+                    graph.replay()
+                _sync(a.device)
+            ka = kprof.key_averages()
+            out["graph_kernel_table"] = ka.table(
+                sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70
+            ).splitlines()
     out["scheduler_stats"] = {
         k: v for k, v in sched.stats.items() if k.startswith(("forward", "overlap"))
     }
@@ -210,6 +222,63 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
                 sort_by="self_cuda_time_total", row_limit=30
             ).splitlines()
     return out
+
+
+def _py_spy_window(sched, a: argparse.Namespace) -> dict:
+    """Sample every thread of this process with py-spy (attached to it, non-blocking, 1 kHz)
+    while the scheduler runs --py-spy-steps more decode steps (after one second of untimed
+    steps while py-spy attaches; they are sampled too); once with --gil (only the
+    thread holding the GIL is sampled: where the interpreter's time goes) and once with
+    --idle (where each thread is, waiting included). Raw stacks go next to --result-file;
+    the JSON gets per-thread sample shares of the top leaf frames."""
+    import shutil
+
+    spy = a.py_spy_bin or shutil.which("py-spy")
+    if spy is None or not os.access(spy, os.X_OK):
+        return {"py_spy": f"py-spy not found ({spy})"}
+    base = (a.result_file or "/tmp/decode_step.json").rsplit(".", 1)[0] + f"_{a.mode}"
+    half = a.py_spy_steps // 2
+    out: dict = {}
+    for kind in ("gil", "idle"):
+        raw = f"{base}_pyspy_{kind}.txt"
+        cmd = [spy, "record", "-p", str(os.getpid()), "--nonblocking", "-r", "1000"]
+        cmd += ["--threads", "-f", "raw", "-o", raw, f"--{kind}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1.0:  # py-spy attaches: steps it samples, untimed
+            sched.step()
+        _sync(a.device)
+        t0 = time.perf_counter()
+        for _ in range(half):
+            sched.step()
+        _sync(a.device)
+        wall = time.perf_counter() - t0
+        proc.send_signal(2)  # SIGINT: py-spy writes what it sampled
+        log = proc.communicate(timeout=60)[0].decode(errors="replace")
+        out[f"py_spy_{kind}"] = {"step_ms": 1e3 * wall / half, "raw_file": raw}
+        out[f"py_spy_{kind}"].update(_spy_summary(raw, log))
+    return out
+
+
+def _spy_summary(raw: str, log: str) -> dict:
+    """Per thread: samples, and the 12 leaf frames (function, file:line) with most samples."""
+    threads: dict[str, dict[str, int]] = {}
+    try:
+        with open(raw) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {"error": log[-2000:]}
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        leaves = threads.setdefault(frames[0], {})
+        leaves[frames[-1]] = leaves.get(frames[-1], 0) + int(n)
+    summary = {}
+    for name, leaves in threads.items():
+        total = sum(leaves.values())
+        top = sorted(leaves.items(), key=lambda kv: -kv[1])[:12]
+        summary[name] = {"samples": total, "top_leaves": [f"{n} {k}" for k, n in top]}
+    return {"threads": summary, "log_tail": log[-400:]}
 
 
 def _thread_cpu_s() -> dict[str, tuple[str, float]]:
@@ -289,6 +358,9 @@ def main() -> None:
     p.add_argument("--cprofile", action="store_true", help="profile the scheduler thread")
     p.add_argument("--ttft-rounds", type=int, default=0, help="TTFT of N extra requests")
     p.add_argument("--torch-profile", action="store_true", help="op tables of 3 TTFT rounds")
+    p.add_argument("--kernel-table", action="store_true", help="CUDA kernels of 8 replays")
+    p.add_argument("--py-spy-steps", type=int, default=0, help="decode steps sampled by py-spy")
+    p.add_argument("--py-spy-bin", default=None, help="py-spy executable (default: on PATH)")
     p.add_argument(
         "--default-cpu-pools",
         action="store_true",

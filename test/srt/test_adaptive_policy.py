@@ -407,6 +407,77 @@ def test_idle_requests_drift_back_to_the_prior_and_are_retried():
     assert stuck < 0.3 and stuck < tr.server_alpha()[0] - 0.4
 
 
+def test_lazy_idle_decay_equals_decaying_every_idle_step():
+    """The tracker applies idle decay when a row is read or drafts; the estimates equal an
+    eager reference that decays every idle row on every step (random drafting pattern,
+    every slot in every step as in a running batch, one slot re-admitted mid-way)."""
+    rng = random.Random(0)
+    slots = [0, 1, 2, 3]
+    kw = dict(request_decay=0.9, idle_decay=0.8, server_decay=0.99)
+    lazy = AcceptanceTracker(K, num_slots=4, **kw)
+    att, acc = np.zeros((4, K)), np.zeros((4, K))  # the eager reference's per-request counts
+    pos = np.arange(1, K + 1)
+    for step in range(200):
+        d = [rng.choice([0, 0, 0, rng.randint(1, K)]) for _ in slots]
+        a = [rng.randint(0, x) for x in d]
+        if step % 50 == 7:  # some steps draft nothing at all (the O(1) path)
+            d, a = [0] * 4, [0] * 4
+        if step == 120:
+            lazy.reset_slot(2)
+            att[2] = acc[2] = 0.0
+        lazy.observe(slots, d, a)
+        for i in slots:
+            if d[i] == 0:
+                att[i] *= 0.8
+                acc[i] *= 0.8
+            else:
+                att[i] = att[i] * 0.9 + (pos <= min(a[i] + 1, d[i]))
+                acc[i] = acc[i] * 0.9 + (pos <= a[i])
+        if step % 13 == 0:  # reads in between do not change the result
+            lazy.alphas([1, 3])
+    s = lazy.prior_strength
+    prior = lazy.server_alpha()[None, :]
+    want = (acc + s * prior) / (att + s)
+    assert np.allclose(lazy.alphas(slots), want, rtol=1e-12, atol=1e-12)
+
+
+def test_all_zero_reuse_window_doubles_up_to_recheck_max():
+    """While the policy keeps choosing all zeros on a batch at least as large, each run's
+    reuse window doubles from recheck_every up to recheck_max; drafting or a smaller batch
+    resets it to recheck_every."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    cfg = parse_adaptive_config(json.dumps({"recheck_every": 2, "recheck_max": 8}))
+    ctl = AdaptiveController(cfg, K, num_slots=8)
+    nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
+    ctl.time_model = nothing_pays
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+            for i in range(6)]  # fmt: skip
+
+    def runs_over(n: int, batch: list) -> list[int]:
+        """Steps (0-based) among the next n at which the policy runs."""
+        out = []
+        for step in range(n):
+            if not ctl.reuse_zero(batch):
+                assert ctl.choose(batch, [K] * len(batch)) == [0] * len(batch)
+                out.append(step)
+        return out
+
+    # windows 2, 4, 8, 8, ...: runs at steps 0, 2, 6, 14, 22
+    assert runs_over(24, reqs[:4]) == [0, 2, 6, 14, 22]
+    assert runs_over(1, reqs[:3]) == [0]  # smaller batch: runs at once, window back to 2
+    assert runs_over(7, reqs[:3]) == [1, 5]  # 2 (from the reset run), then 4, then 8
+    ctl.time_model = LIGHT
+    steps = 0
+    while ctl.reuse_zero(reqs[:3]):  # the zero choice runs out ...
+        steps += 1
+    assert steps <= 8 and min(ctl.choose(reqs[:3], [K] * 3)) > 0  # ... and drafting resumes
+    ctl.time_model = nothing_pays
+    assert runs_over(3, reqs[:3]) == [0, 2]  # after drafting the window starts at 2 again
+
+
 def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     """recheck_every: an all-zero decision skips the policy (and the caps) for the next
     recheck_every - 1 steps while the batch has at least as many requests (new requests,
@@ -419,7 +490,8 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     def decide(c, rs, caps):
         return [0] * len(rs) if c.reuse_zero(rs) else c.choose(rs, caps)
 
-    cfg = parse_adaptive_config(json.dumps({"recheck_every": 3, "profile": False}))
+    # a fixed window of 3 (recheck_max: see the next test for the doubling)
+    cfg = parse_adaptive_config(json.dumps({"recheck_every": 3, "recheck_max": 3}))
     ctl = AdaptiveController(cfg, K, num_slots=8)
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     ctl.time_model = nothing_pays
@@ -437,7 +509,7 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     # the same size with another request in place of one that finished: reused too
     ctl.on_admit(5)
     assert decide(ctl, reqs[1:6], [K] * 5) == [0] * 5 and calls == [4, 4]
-    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4 and calls == [4, 4, 4]  # smaller: runs
+    assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4 and calls == [4, 4, 4]  # recheck
     ctl.time_model = LIGHT  # drafting pays now, but the zero choice is still being reused
     assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4
     assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4

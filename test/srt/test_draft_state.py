@@ -47,14 +47,20 @@ def test_multi_row_ranges_overflow_and_clear():
 
 
 def test_requests_compacted_together_keep_their_own_rows_and_release_step_outputs(monkeypatch):
-    """SpecScheduler appends without compacting and then compacts every due request in one
-    copy (compact_pending): each request's pending rows stay its own, in order, the step
-    outputs are released, and a later draft sees exactly its rows (a view, no copy)."""
+    """SpecScheduler appends without compacting and then compacts every due request together
+    (compact_pending: one concatenation of the distinct step outputs, one row gather): each
+    request's pending rows stay its own, in order, the step outputs are released, and a later
+    draft sees exactly its rows (a view, no copy)."""
     import sglang.srt.speculative.spec_info as spec_info
 
-    cats = []
-    real_cat = torch.cat
+    cats, gathers = [], []
+    real_cat, real_select = torch.cat, torch.Tensor.index_select
     monkeypatch.setattr(spec_info.torch, "cat", lambda xs: cats.append(len(xs)) or real_cat(xs))
+    monkeypatch.setattr(
+        torch.Tensor,
+        "index_select",
+        lambda t, d, i: gathers.append(i.numel()) or real_select(t, d, i),
+    )
     n_req, n_steps = 5, COMPACT_CHUNKS + 3
     drafts = [EagleDraftInput() for _ in range(n_req)]
     want = [[] for _ in range(n_req)]
@@ -73,7 +79,9 @@ def test_requests_compacted_together_keep_their_own_rows_and_release_step_output
                 due.append(d)
         spec_info.compact_pending(due)
         del step
-    assert cats == [4 * COMPACT_CHUNKS, COMPACT_CHUNKS]  # requests 0-3 together, then 4
+    # requests 0-3 together (the 16 step outputs they reference), then request 4
+    assert cats == [COMPACT_CHUNKS, COMPACT_CHUNKS]
+    assert gathers == [4 * COMPACT_CHUNKS, COMPACT_CHUNKS]  # one row gather each
     gc.collect()
     assert sum(r() is not None for r in refs) == 3  # only the 3 newest steps are referenced
     shared = drafts[0].chunks[0][0]

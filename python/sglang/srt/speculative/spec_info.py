@@ -19,6 +19,8 @@ from enum import Enum
 
 import torch
 
+from sglang.srt.utils.h2d import int64_to_device
+
 
 class SpeculativeAlgorithm(Enum):
     NONE = "NONE"
@@ -105,26 +107,43 @@ class EagleDraftInput:
 
 
 def compact_pending(drafts: list[EagleDraftInput]) -> None:
-    """Copy the pending rows of every draft in `drafts` into one tensor (one torch.cat on the
-    current stream) and give each draft its own contiguous row range of it, in order. Drafts
-    with no chunks are skipped.
+    """Copy the pending rows of every draft in `drafts` into one tensor and give each draft its
+    own contiguous row range of it, in order. Drafts with no chunks are skipped.
+
+    A plain step gives each request one row of a [bs, 3H] step output, so a compaction of
+    many requests gathers many single rows from a few sources. Rather than one slice per
+    chunk (host work per row), the distinct sources are concatenated (one torch.cat) and the
+    rows picked with one index_select (one host-to-device index copy): three device ops
+    whatever the number of rows, at the price of copying the unused rows of the sources once
+    (a few MB).
 
     The sources may come from the overlap worker's stream and be freed right after:
     record_stream (once per distinct source) keeps their memory from being reused there before
-    this copy has read it. The concatenation lives as long as any draft still references its
-    range (at most until each of them compacts again, drafts, or finishes)."""
+    this copy has read it. The result lives as long as any draft still references its range
+    (at most until each of them compacts again, drafts, or finishes)."""
     drafts = [d for d in drafts if d.chunks]
     if not drafts:
         return
-    pieces, sources = [], {}
+    sources: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, first row in the cat)
+    rows: list[int] = []
+    total = 0
     for d in drafts:
         for t, a, b in d.chunks:
-            pieces.append(t[a:b])
-            sources[id(t)] = t
-    cat = torch.cat(pieces)
+            entry = sources.get(id(t))
+            if entry is None:
+                entry = sources[id(t)] = (t, total)
+                total += t.shape[0]
+            rows.extend(range(entry[1] + a, entry[1] + b))
+    tensors = [t for t, _ in sources.values()]
+    big = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+    if rows == list(range(big.shape[0])):
+        cat = big if len(tensors) > 1 else big.clone()
+    else:
+        (idx,) = int64_to_device([rows], big.device)
+        cat = big.index_select(0, idx)
     if cat.is_cuda:
         stream = torch.cuda.current_stream(cat.device)
-        for t in sources.values():
+        for t in tensors:
             t.record_stream(stream)
     off = 0
     for d in drafts:

@@ -17,7 +17,11 @@ Counts decay geometrically so the estimates follow a changing workload:
 Exploration: a request that stops drafting produces no new observations, so a bad stretch
 would keep it at d = 0 for good. Each step it does not draft, its own counts decay by
 `idle_decay`, pulling its estimate back towards the server-wide prior; once that prior pays
-again the policy retries it (after ~1 / (1 - idle_decay) idle steps).
+again the policy retries it (after ~1 / (1 - idle_decay) idle steps). The decay is applied
+lazily: a slot's row is brought up to date (idle_decay ** idle steps) when it is read or
+drafts, so a step in which nothing drafts (the common step under load) costs O(1) here. A
+running request is in every decode step, so its idle steps are the observed steps since its
+row was last brought up to date.
 
 Per-request rows are indexed by the request's ReqToTokenPool slot (`req_pool_idx`), so a whole
 batch is gathered and updated with numpy fancy indexing; `reset_slot` clears a row when a
@@ -64,11 +68,23 @@ class AcceptanceTracker:
         self.server_acc = np.zeros(k)  # [K] float64, decayed accepts per position
         self.req_att = np.zeros((num_slots, k))  # [num_slots, K] float64
         self.req_acc = np.zeros((num_slots, k))  # [num_slots, K] float64
+        self.steps = 0  # observe() calls so far
+        # [num_slots] int64: observe() calls whose idle decay is already applied to each row
+        self.synced = np.zeros(num_slots, dtype=np.int64)
 
     def reset_slot(self, slot: int) -> None:
         """Forget the request that used `slot` before (a new request was admitted there)."""
         self.req_att[slot] = 0.0
         self.req_acc[slot] = 0.0
+        self.synced[slot] = self.steps
+
+    def _sync(self, idx: np.ndarray) -> None:
+        """Apply the idle decay of rows idx ([m] int64) owed since they were last synced."""
+        if self.idle_decay < 1.0:
+            f = self.idle_decay ** (self.steps - self.synced[idx]).astype(np.float64)
+            self.req_att[idx] *= f[:, None]
+            self.req_acc[idx] *= f[:, None]
+        self.synced[idx] = self.steps
 
     def server_alpha(self) -> np.ndarray:
         """[K] float64: server-wide conditional acceptance per draft position."""
@@ -78,6 +94,7 @@ class AcceptanceTracker:
     def alphas(self, slots: list[int]) -> np.ndarray:
         """[len(slots), K] float64: per-request conditional acceptance per draft position."""
         idx = np.asarray(slots, dtype=np.int64)
+        self._sync(idx)
         s = self.prior_strength
         prior = self.server_alpha()[None, :]  # [1, K]
         return (self.req_acc[idx] + s * prior) / (self.req_att[idx] + s)
@@ -85,17 +102,17 @@ class AcceptanceTracker:
     def observe(self, slots: list[int], draft_lens: list[int], accepted: list[int]) -> None:
         """Record one verify step. draft_lens[i] = d_i proposed (0: nothing observed),
         accepted[i] = drafts accepted (0 <= accepted[i] <= d_i)."""
+        if not any(draft_lens):  # every slot idle: their decay is applied when next read
+            self.steps += 1
+            return
         d = np.asarray(draft_lens, dtype=np.int64)
         a = np.asarray(accepted, dtype=np.int64)
         mask = d > 0
-        idle = np.asarray(slots, dtype=np.int64)[~mask]
-        if idle.size and self.idle_decay < 1.0:  # forget towards the prior (exploration)
-            self.req_att[idle] *= self.idle_decay
-            self.req_acc[idle] *= self.idle_decay
-        if not mask.any():
-            return
         d, a = d[mask], a[mask]
         idx = np.asarray(slots, dtype=np.int64)[mask]
+        self._sync(idx)  # idle steps before this one
+        self.steps += 1
+        self.synced[idx] = self.steps  # this step was not idle for them
         pos = np.arange(1, self.k + 1)[None, :]  # [1, K]
         att = (pos <= np.minimum(a + 1, d)[:, None]).astype(np.float64)  # [m, K]
         acc = (pos <= a[:, None]).astype(np.float64)  # [m, K]

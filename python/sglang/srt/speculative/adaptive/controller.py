@@ -63,9 +63,10 @@ class AdaptiveController:
             "forward_s": 0.0,
         }
         # an all-zero choice reused for _zero_left more steps while the batch has at least
-        # _zero_bs requests
+        # _zero_bs requests; _zero_window: the reuse window of the next all-zero choice
         self._zero_left = 0
         self._zero_bs = 0
+        self._zero_window = cfg.recheck_every
 
     # ---------------------------------------------------------------- setup
     def profile(
@@ -100,18 +101,22 @@ class AdaptiveController:
         return self.time_model.predict(x)
 
     def reuse_zero(self, reqs: Sequence[Any]) -> bool:
-        """True (and one reuse counted) when the goodput policy's last run chose all zeros, at
-        most cfg.recheck_every - 1 steps ago, for a batch no larger than this one: the policy
-        is not run this step. Under load, where requests join and finish nearly every step,
-        this keeps the decision's host cost (the policy's numpy work, ~0.1-0.7 ms per run,
-        plus each request's cap, a few microseconds) off most steps.
+        """True (and one reuse counted) when the goodput policy's last run chose all zeros,
+        less than its reuse window ago, for a batch no larger than this one: the policy is not
+        run this step. The window is cfg.recheck_every steps after a run that drafted or saw a
+        smaller batch, and doubles (up to max(cfg.recheck_max, cfg.recheck_every)) with each
+        further all-zero run on a batch at least as large. Under load, where requests join and
+        finish nearly every step, this keeps the decision's host cost (the policy's numpy
+        work, ~0.1-0.7 ms per run on the CPU machine, more on a GPU host where it competes for
+        the GIL with the worker's launches, plus each request's cap) off almost every step.
 
         A heuristic with a bounded delay: a larger batch or a newly joined request (at the
         server-wide acceptance prior) can make drafting pay, and that is then seen at the
-        recheck, at most recheck_every - 1 steps late; a smaller batch re-runs the policy at
-        once. The fixed and tiers baselines are never reused (they cost almost nothing and
-        must do what they are configured to do, e.g. a tier table that drafts more for larger
-        batches). Zeros are within any caps."""
+        recheck, at most one window late (recheck_max - 1 steps once the policy has kept
+        choosing zeros for a while); a smaller batch re-runs the policy at once and resets
+        the window. The fixed and tiers baselines are never reused (they cost almost nothing
+        and must do what they are configured to do, e.g. a tier table that drafts more for
+        larger batches). Zeros are within any caps."""
         if self._zero_left <= 0 or len(reqs) < self._zero_bs:
             return False
         self._zero_left -= 1
@@ -132,8 +137,10 @@ class AdaptiveController:
             kv_tokens=sum(r.kv_len for r in reqs),
         )
         chosen = self.policy.choose(view, self.time_fn).tolist()
+        if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
+            self._zero_window = self.cfg.recheck_every
         if any(chosen):
-            self._zero_left = 0
+            self._zero_left = self._zero_bs = 0
             if self._probe_due():
                 # Measure what not drafting costs now: without it an over-estimated plain
                 # step is never corrected while the policy keeps drafting.
@@ -141,7 +148,10 @@ class AdaptiveController:
                 self.num_probes += 1
                 return [0] * len(reqs)
         elif self.policy.name == "goodput":
-            self._zero_left, self._zero_bs = self.cfg.recheck_every - 1, len(reqs)
+            window = self._zero_window
+            self._zero_left, self._zero_bs = window - 1, len(reqs)
+            cap = max(self.cfg.recheck_max, self.cfg.recheck_every)
+            self._zero_window = min(2 * window, cap)
         return chosen
 
     def _probe_due(self) -> bool:

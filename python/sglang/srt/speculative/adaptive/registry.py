@@ -8,6 +8,8 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "hysteresis": 0.02,                         # goodput: relative gain needed to switch
      "recheck_every": 4,                         # goodput: an all-zero choice is reused for
                                                  # the next 3 steps unless the batch shrinks
+     "recheck_max": 32,                          # ... and the reuse doubles up to 32 steps
+                                                 # while the policy keeps choosing all zeros
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
@@ -44,6 +46,7 @@ class AdaptiveConfig:
     tiers: dict[int, int] = field(default_factory=lambda: {1: 3, 8: 2, 32: 1, 64: 0})
     hysteresis: float = 0.02
     recheck_every: int = 4
+    recheck_max: int = 32
     initial_accept: float = 0.7
     server_prior_count: float = 8.0
     prior_strength: float = 4.0
@@ -125,6 +128,7 @@ _CHECKS = {
     "tiers": _tiers,
     "hysteresis": lambda v: _number("hysteresis", v, 0.0, 1.0),
     "recheck_every": lambda v: _int("recheck_every", v, 1),
+    "recheck_max": lambda v: _int("recheck_max", v, 1),
     "initial_accept": lambda v: _number("initial_accept", v, 0.0, 1.0),
     "server_prior_count": lambda v: _number("server_prior_count", v, 0.0, 1e9, lo_open=True),
     "prior_strength": lambda v: _number("prior_strength", v, 0.0, 1e9, lo_open=True),

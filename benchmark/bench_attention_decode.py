@@ -1,0 +1,82 @@
+"""FlashInfer paged decode on the GPU: the tensor-core kernel (prefill kernel + merge of split
+KV, upstream's choice for GQA groups >= 4) against the CUDA-core decode kernel, device time per
+call for a grid of batch sizes and sequence lengths (page size 1, NHD, bf16, Llama-3.1-8B
+heads: 32 query heads, 8 KV heads, head_dim 128).
+
+    python benchmark/bench_attention_decode.py [--result-file benchmark/results/...json]
+
+Why: in the 8B batch-1 decode graph the attention of each layer took 9.6 us (prefill kernel)
++ 2.3 us (merge) at ~200 tokens of context (`profile_decode_step.py --kernel-table`), where
+one layer's KV is 0.8 MB. Device time is the sum of the kernels' CUDA time over 50 calls
+(torch profiler / CUPTI), so launch gaps do not count. Only CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+
+import torch
+from bench_common import run_meta, write_json
+
+
+def kernel_us(fn, calls: int = 50) -> float:
+    """Mean summed CUDA kernel time (us) of one fn() call."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = sum(e.self_device_time_total for e in prof.key_averages())
+    return total / calls
+
+
+def main() -> None:
+    import flashinfer
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], help="qo kv head_dim")
+    p.add_argument("--result-file", default=None)
+    a = p.parse_args()
+    nq, nkv, d = a.heads
+    dev = "cuda"
+    ws = torch.empty(256 * 2**20, dtype=torch.uint8, device=dev)
+    rows = []
+    for bs in a.batch_sizes:
+        for seq in a.seq_lens:
+            slots = bs * seq
+            k = torch.randn(slots, nkv, d, dtype=torch.bfloat16, device=dev)
+            v = torch.randn(slots, nkv, d, dtype=torch.bfloat16, device=dev)
+            q = torch.randn(bs, nq, d, dtype=torch.bfloat16, device=dev)
+            indptr = torch.arange(0, slots + 1, seq, dtype=torch.int32)
+            indices = torch.randperm(slots, dtype=torch.int32).to(dev)  # scattered pages
+            last = torch.ones(bs, dtype=torch.int32)
+            cache = (k.unsqueeze(1), v.unsqueeze(1))  # [pages, page_size 1, Hkv, D]
+            row = {"bs": bs, "seq_len": seq, "kv_mb": 2 * slots * nkv * d * 2 / 1e6}
+            outs = {}
+            for tc in (True, False):
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    ws, "NHD", use_tensor_cores=tc, backend="fa2"
+                )
+                w.plan(indptr.to(dev), indices, last.to(dev), nq, nkv, d, 1,
+                       q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+                outs[tc] = w.run(q, cache)
+                row["tensor_cores_us" if tc else "cuda_cores_us"] = kernel_us(
+                    partial(w.run, q, cache)
+                )
+            row["max_abs_diff"] = (outs[True].float() - outs[False].float()).abs().max().item()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del k, v, cache
+            torch.cuda.empty_cache()
+    if a.result_file:
+        write_json(a.result_file, {"meta": run_meta(), "heads": a.heads, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
