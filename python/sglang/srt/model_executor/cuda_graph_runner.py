@@ -17,6 +17,7 @@ results survive the next replay.
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -260,6 +261,20 @@ class CudaGraphRunner:
         return self.model.forward(fb.input_ids, fb.positions, fb)
 
     def capture(self) -> None:
+        """Capture every key's graph. The garbage collector is paused meanwhile: a collection
+        during a capture may free an unreachable CUDA graph of an earlier runner (a scheduler
+        dropped by the caller), and destroying a graph is not permitted while a stream
+        captures (CUDA invalidates the capture: CUBLAS_STATUS_EXECUTION_FAILED, then
+        cudaErrorStreamCaptureInvalidated; it made the GPU tests, which build many
+        schedulers in one process, fail at random)."""
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            gc.enable()
+
+    def _capture_all(self) -> None:
         t0 = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)
