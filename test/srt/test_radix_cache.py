@@ -379,3 +379,14 @@ def test_req_to_token_write_many_equals_one_write_per_request():
     c.write_many(rows, starts, lens, locs)
     assert torch.equal(c.req_to_token, a.req_to_token)
     assert torch.equal(c.req_to_token_cpu, a.req_to_token)
+    # a decode step (one token per request: the fast path), both table layouts
+    for mirror in (False, True):
+        d, e = ReqToTokenPool(4, 16, "cpu"), ReqToTokenPool(4, 16, "cpu")
+        if mirror:
+            d.req_to_token = d.req_to_token.clone()
+        one = torch.tensor([7, 9, 11], dtype=torch.int64)
+        d.write_many([3, 0, 2], [15, 4, 0], [1, 1, 1], one)
+        for r, s0, v in zip([3, 0, 2], [15, 4, 0], one, strict=True):
+            e.write(r, s0, v.view(1))
+        assert torch.equal(d.req_to_token, e.req_to_token)
+        assert torch.equal(d.req_to_token_cpu, e.req_to_token)

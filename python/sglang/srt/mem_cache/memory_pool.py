@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sglang.srt.utils.h2d import int64_to_device
+
 
 class ReqToTokenPool:
     """Maps a request slot to the KV slots of its tokens.
@@ -55,25 +57,29 @@ class ReqToTokenPool:
         self, slots: list[int], starts: list[int], lens: list[int], locs: torch.Tensor
     ) -> None:
         """For each i: req_to_token[slots[i], starts[i]:starts[i]+lens[i]] = the i-th run of
-        locs ([sum(lens)] int64, runs in order). One indexed write per table (and one
-        host-to-device copy) instead of one per request."""
+        locs ([sum(lens)] int64, runs in order). One indexed write per table and one
+        asynchronous (pinned) host-to-device copy instead of one write per request: the host
+        does not wait for the device (a pageable copy would). A decode step (every len 1)
+        skips the run expansion."""
         total = int(locs.numel())
         if total == 0:
             return
-        n = np.asarray(lens, dtype=np.int64)
-        rows = np.repeat(np.asarray(slots, dtype=np.int64), n)
-        offset = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n), n)
-        cols = np.arange(total, dtype=np.int64) + offset
-        idx = torch.from_numpy(np.stack([rows, cols]))  # [2, total] int64
-        vals = locs.to("cpu", torch.int32).view(-1)
-        if self.req_to_token_cpu is not self.req_to_token:
-            self.req_to_token_cpu[idx[0], idx[1]] = vals
-            packed = torch.cat([idx, vals.to(torch.int64).view(1, -1)]).to(
-                self.req_to_token.device
-            )  # one host-to-device copy: rows, cols, values
-            self.req_to_token[packed[0], packed[1]] = packed[2].to(torch.int32)
+        if total == len(slots):  # one token per request (decode)
+            rows = torch.tensor(slots, dtype=torch.int64)
+            cols = torch.tensor(starts, dtype=torch.int64)
         else:
-            self.req_to_token[idx[0], idx[1]] = vals
+            n = np.asarray(lens, dtype=np.int64)
+            rows_np = np.repeat(np.asarray(slots, dtype=np.int64), n)
+            offset = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n), n)
+            rows = torch.from_numpy(rows_np)
+            cols = torch.from_numpy(np.arange(total, dtype=np.int64) + offset)
+        vals = locs.to("cpu", torch.int64).view(-1)
+        if self.req_to_token_cpu is not self.req_to_token:
+            self.req_to_token_cpu[rows, cols] = vals.to(torch.int32)
+            r, c, v = int64_to_device([rows, cols, vals], self.req_to_token.device)
+            self.req_to_token[r, c] = v.to(torch.int32)
+        else:
+            self.req_to_token[rows, cols] = vals.to(torch.int32)
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU."""
