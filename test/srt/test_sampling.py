@@ -345,3 +345,19 @@ def test_noise_and_samples_identical_on_cpu_and_cuda() -> None:
     info = SamplingBatchInfo.from_reqs(reqs, 49152, "cuda")
     ids_gpu = Sampler()(logits.cuda(), info).next_token_ids.cpu()
     assert torch.equal(ids_cpu, ids_gpu)
+
+
+def test_packed_row_upload_round_trips_bits() -> None:
+    """The per-step sampling rows go to the device as one byte buffer (int64 block, then
+    float32): unpacking gives the exact values back, extreme seeds and odd sizes included."""
+    from sglang.srt.sampling.sampling_batch_info import pack_rows, unpack_rows
+
+    for bs in (1, 3, 8):
+        ints = torch.tensor(
+            [[1] * bs, [to_int64_seed(2**64 - 1 - i) for i in range(bs)], list(range(bs))],
+            dtype=torch.int64,
+        )
+        floats = torch.tensor([[0.7] * bs, [1.0] * bs, [1e-8 * (i + 1) for i in range(bs)]])
+        got_i, got_f = unpack_rows(pack_rows(ints, floats).clone(), ints.shape)
+        assert torch.equal(got_i, ints) and torch.equal(got_f, floats)
+        assert got_i.dtype == torch.int64 and got_f.dtype == torch.float32

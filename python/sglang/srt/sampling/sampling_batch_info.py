@@ -114,21 +114,12 @@ class SamplingBatchInfo:
         top_ks = [_effective_top_k(p, vocab_size) for p in params]
 
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
-        # Two asynchronous host-to-device copies per step (pinned; ordered on the current
-        # stream, so the overlap worker's stream sees them after the launch event): [3, bs]
-        # float32 rows and [3, bs] int64 rows, viewed as the fields below.
-        floats = to_device_async(
-            torch.tensor(
-                [temps, [p.top_p for p in params], [p.min_p for p in params]],
-                dtype=torch.float32,
-            ),
-            device,
-        )
-        ints = to_device_async(
-            torch.tensor(
-                [top_ks, [to_int64_seed(r.seed) for r in rows], [r.num_output for r in rows]],
-                dtype=torch.int64,
-            ),
+        # One asynchronous host-to-device copy per step (pinned; ordered on the current
+        # stream, so the overlap worker's stream sees it after the launch event): [3, bs]
+        # int64 rows and [3, bs] float32 rows packed as bytes, viewed as the fields below.
+        ints, floats = _upload_rows(
+            [top_ks, [to_int64_seed(r.seed) for r in rows], [r.num_output for r in rows]],
+            [temps, [p.top_p for p in params], [p.min_p for p in params]],
             device,
         )
         info = cls(
@@ -233,6 +224,31 @@ class SamplingBatchInfo:
         if self.min_tokens_active is not None:
             logits = penaltylib.apply_min_new_tokens(logits, self.stop_mask, self.min_tokens_active)
         return logits
+
+
+def _upload_rows(
+    int_rows: list[list[int]], float_rows: list[list[float]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([3, bs] int64, [3, bs] float32) on `device`; on CUDA from one packed host-to-device
+    copy (pack_rows / unpack_rows)."""
+    ints = torch.tensor(int_rows, dtype=torch.int64)
+    floats = torch.tensor(float_rows, dtype=torch.float32)
+    if device.type != "cuda":
+        return ints.to(device), floats.to(device)
+    return unpack_rows(to_device_async(pack_rows(ints, floats), device), ints.shape)
+
+
+def pack_rows(ints: torch.Tensor, floats: torch.Tensor) -> torch.Tensor:
+    """The bytes of ints (int64, contiguous) followed by those of floats (float32, the same
+    number of elements): one uint8 tensor, so that one copy moves both."""
+    return torch.cat([ints.reshape(-1).view(torch.uint8), floats.reshape(-1).view(torch.uint8)])
+
+
+def unpack_rows(packed: torch.Tensor, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of pack_rows (views of `packed`, on its device): (int64 [shape], float32
+    [shape]). The int64 block comes first, so both views are aligned."""
+    n = 8 * shape.numel()
+    return packed[:n].view(torch.int64).view(shape), packed[n:].view(torch.float32).view(shape)
 
 
 def _is_greedy(p: SamplingParams) -> bool:
