@@ -6,6 +6,9 @@ copies this rank's slice. With tp_size 1 (the only size run today) the slice is 
 the slicing, KV-head replication and the all-reduce in RowParallelLinear are already in place.
 Every forward returns (output, bias_or_None) like upstream, the bias being returned instead of
 added only when skip_bias_add=True.
+
+The matmul is `apply_linear`: F.linear, or with SGLANG_TRITON_GEMV=1 and one or two rows of
+bf16/fp16 input on CUDA a Triton GEMV (triton_kernels/gemv.py; opt-in, see use_triton_gemv).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.triton_kernels import use_triton_gemv
+
 
 def get_tp_rank_and_size() -> tuple[int, int]:
     """(rank, world size) of the tensor-parallel group: torch.distributed's when initialized,
@@ -21,6 +26,21 @@ def get_tp_rank_and_size() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def apply_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """F.linear(x, weight, bias): x [..., K], weight [N, K], bias None or [N] -> [..., N] in
+    x's dtype. When use_triton_gemv(x, weight) (SGLANG_TRITON_GEMV=1, CUDA, 1 or 2 rows,
+    bf16/fp16, contiguous weight) the Triton GEMV computes it instead, the bias added in fp32
+    before the one rounding; otherwise this is exactly F.linear."""
+    if use_triton_gemv(x, weight) and (bias is None or bias.dtype == x.dtype):
+        from sglang.srt.layers.triton_kernels.gemv import gemv
+
+        out = gemv(x.reshape(-1, x.shape[-1]), weight, bias)  # [M, N]
+        return out.view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
 
 
 def _resolve_tp(tp_rank: int | None, tp_size: int | None) -> tuple[int, int]:
@@ -94,7 +114,7 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [T, input_size] -> ([T, output_size / tp] (or full if gather_output), bias)."""
         bias = None if self.skip_bias_add else self.bias
-        out = F.linear(x, self.weight, bias)
+        out = apply_linear(x, self.weight, bias)
         if self.gather_output and self.tp_size > 1:
             parts = [torch.empty_like(out) for _ in range(self.tp_size)]
             torch.distributed.all_gather(parts, out)
@@ -247,7 +267,7 @@ class RowParallelLinear(nn.Module):
         ([T, output_size], bias)."""
         if not self.input_is_parallel and self.tp_size > 1:
             x = x.chunk(self.tp_size, dim=-1)[self.tp_rank]
-        out = F.linear(x, self.weight)
+        out = apply_linear(x, self.weight)
         if self.reduce_results and self.tp_size > 1:
             torch.distributed.all_reduce(out)
         if self.bias is not None and not self.skip_bias_add:

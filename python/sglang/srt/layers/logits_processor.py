@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sglang.srt.layers.triton_kernels import use_triton_gemv
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
 
 
@@ -51,7 +52,13 @@ class LogitsProcessor(nn.Module):
         return LogitsProcessorOutput(next_token_logits=logits, hidden_states=captured)
 
     def _compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        logits = torch.matmul(hidden, lm_head.weight.t())  # [rows, V / tp] model dtype
+        weight = lm_head.weight  # [V / tp, H]
+        if use_triton_gemv(hidden, weight):  # opt-in (SGLANG_TRITON_GEMV=1), 1 or 2 rows
+            from sglang.srt.layers.triton_kernels.gemv import gemv
+
+            logits = gemv(hidden, weight)
+        else:
+            logits = torch.matmul(hidden, weight.t())  # [rows, V / tp] model dtype
         bias = getattr(lm_head, "bias", None)
         if bias is not None:
             logits = logits + bias

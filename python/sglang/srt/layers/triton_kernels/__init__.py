@@ -1,8 +1,12 @@
-"""Fused Triton kernels for the CUDA path (RMSNorm with residual add, SiLU-and-mul, RoPE).
+"""Fused Triton kernels for the CUDA path (RMSNorm with residual add, SiLU-and-mul, RoPE), and
+an opt-in GEMV for the linear layers at one or two rows.
 
 The layers in ``sglang.srt.layers`` call these only when ``use_triton_kernels(tensor)`` is true:
 the tensor is on CUDA, triton is importable and SGLANG_DISABLE_TRITON_KERNELS is not set.
 Otherwise the plain PyTorch code runs (the CPU path, which is also the tests' reference).
+The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
+``use_triton_gemv(x, weight)`` is true, which also needs SGLANG_TRITON_GEMV=1: an experiment
+(default off) until its end-to-end effect is measured on the GPU.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
 """
 
@@ -28,3 +32,38 @@ TRITON_KERNELS_ENABLED: bool = _triton_enabled()
 def use_triton_kernels(tensor: torch.Tensor) -> bool:
     """True when the fused Triton kernels should handle this tensor (CUDA and enabled)."""
     return TRITON_KERNELS_ENABLED and tensor.is_cuda
+
+
+def _triton_gemv_enabled() -> bool:
+    return _triton_enabled() and env_flag("TRITON_GEMV").strip() == "1"
+
+
+# Decided once at import: SGLANG_TRITON_GEMV is "1" (and the Triton kernels are enabled). Off
+# by default: the GEMV is an experiment until its end-to-end effect is measured on the GPU.
+TRITON_GEMV_ENABLED: bool = _triton_gemv_enabled()
+
+_GEMV_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The device-free part of use_triton_gemv: x [..., K] has 1 or 2 rows once its leading
+    dims are flattened and a unit stride along K, x and weight are both float16 or both
+    bfloat16, and weight is a contiguous [N, K]."""
+    if x.dim() == 0 or x.shape[-1] == 0:
+        return False
+    return (
+        x.numel() // x.shape[-1] in (1, 2)
+        and x.stride(-1) == 1
+        and weight.dim() == 2
+        and weight.shape[1] == x.shape[-1]
+        and x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and weight.is_contiguous()
+    )
+
+
+def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when ``x @ weight.T`` should go to the Triton GEMV (``gemv.gemv``): the GEMV is
+    enabled (SGLANG_TRITON_GEMV=1), x is on CUDA and gemv_applies(x, weight). Anything else
+    stays on F.linear / torch.matmul (which raise their own errors on bad shapes)."""
+    return TRITON_GEMV_ENABLED and x.is_cuda and gemv_applies(x, weight)

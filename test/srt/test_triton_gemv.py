@@ -1,0 +1,240 @@
+"""The Triton GEMV (layers/triton_kernels/gemv.py) against F.linear, and its opt-in dispatch in
+the linear layers and the lm_head (SGLANG_TRITON_GEMV=1).
+
+Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
+set before triton is imported), so the shapes stay small; with CUDA the same tests run
+compiled on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton")
+
+from sglang.srt.layers import linear, logits_processor, triton_kernels  # noqa: E402
+from sglang.srt.layers.linear import (  # noqa: E402
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from sglang.srt.layers.logits_processor import LogitsProcessor  # noqa: E402
+from sglang.srt.layers.triton_kernels import gemv as gemv_module  # noqa: E402
+from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv, pick_tile  # noqa: E402
+
+# Summation order differs from the reference; bf16/fp16 may round one step apart.
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _default_device(monkeypatch):
+    """Tensors on DEVICE; the GEMV dispatch off unless a test turns it on."""
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)
+    with torch.device(DEVICE):
+        yield
+
+
+def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
+    """x [m, k], weight [n, k] scaled so that outputs are O(1), bias [n]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype)
+    return x, w, b
+
+
+def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """F.linear in float64, rounded once to x's dtype (the kernel's contract)."""
+    bd = None if b is None else b.double()
+    return F.linear(x.double(), w.double(), bd).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,k", [(37, 300), (576, 1536), (8, 8200)])
+def test_gemv_matches_linear(dtype, m, with_bias, n, k) -> None:
+    """Non-multiples of the tiles (37 x 300), a SmolLM2 projection (576 x 1536), the K >= 8192
+    tile (8 x 8200)."""
+    x, w, b = _operands(m, n, k, dtype)
+    bias = b if with_bias else None
+    out = gemv(x, w, bias)
+    assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
+    torch.testing.assert_close(out, _ref(x, w, bias), atol=ATOL[dtype], rtol=RTOL[dtype])
+    torch.testing.assert_close(out, F.linear(x, w, bias), atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "tile", [GemvTile(16, 256, 4), GemvTile(4, 512, 8), GemvTile(8, 512, 4), GemvTile(2, 64, 1)]
+)
+def test_gemv_every_tile(tile: GemvTile) -> None:
+    x, w, b = _operands(2, 100, 700, torch.bfloat16, seed=1)
+    out = gemv(x, w, b, tile=tile)
+    torch.testing.assert_close(out, _ref(x, w, b), atol=1e-2, rtol=1.6e-2)
+
+
+def test_gemv_strided_rows() -> None:
+    """x may have any row stride (a slice of a wider tensor) as long as K has stride 1."""
+    wide, w, _ = _operands(2, 40, 500, torch.float32, seed=2)
+    x = wide[:, 100:400]
+    w = w[:, :300].contiguous()
+    assert x.stride() == (500, 1)
+    torch.testing.assert_close(gemv(x, w), _ref(x, w, None), atol=1e-5, rtol=1e-5)
+
+
+def test_pick_tile_uses_the_measured_winners() -> None:
+    """gemv_h200.json: best tile per Llama-3.1-8B projection at M = 1 on an H200."""
+    assert pick_tile(6144, 4096) == GemvTile(8, 512, 4)  # qkv_proj
+    assert pick_tile(4096, 4096) == GemvTile(8, 512, 8)  # o_proj
+    assert pick_tile(28672, 4096) == GemvTile(16, 256, 4)  # gate_up_proj
+    assert pick_tile(4096, 14336) == GemvTile(4, 512, 8)  # down_proj
+    assert pick_tile(128256, 4096) == GemvTile(16, 256, 4)  # lm_head
+
+
+def test_gemv_rejects_unsupported_inputs() -> None:
+    x, w, b = _operands(2, 16, 32, torch.bfloat16)
+    cases = {
+        "M = 3": (torch.randn(3, 32, dtype=torch.bfloat16), w, None),
+        "M = 0": (x[:0], w, None),
+        "1-D x": (x[0], w, None),
+        "K mismatch": (x, w[:, :31].contiguous(), None),
+        "dtype mismatch": (x, w.float(), None),
+        "integer dtype": (x.to(torch.int32), w.to(torch.int32), None),
+        "non-contiguous weight": (x, w.t().contiguous().t(), None),
+        "x strided along K": (torch.randn(2, 64, dtype=torch.bfloat16)[:, ::2], w, None),
+        "bias shape": (x, w, b[:15]),
+        "bias dtype": (x, w, b.float()),
+    }
+    for what, (xx, ww, bb) in cases.items():
+        with pytest.raises(ValueError, match="gemv"):
+            gemv(xx, ww, bb)
+            pytest.fail(what)
+
+
+# ------------------------------------------------------------------------------- dispatch
+
+
+def test_gate_conditions() -> None:
+    """gemv_applies: 1 or 2 rows after flattening, fp16/bf16 on both, unit K stride,
+    contiguous [N, K] weight; use_triton_gemv also needs the flag and CUDA."""
+    bf = torch.bfloat16
+    w = torch.randn(16, 32, dtype=bf)
+    assert triton_kernels.gemv_applies(torch.randn(1, 32, dtype=bf), w)
+    assert triton_kernels.gemv_applies(torch.randn(2, 32, dtype=bf), w)
+    assert triton_kernels.gemv_applies(torch.randn(2, 1, 32, dtype=bf), w)
+    assert triton_kernels.gemv_applies(torch.randn(32, dtype=bf), w)
+    assert triton_kernels.gemv_applies(torch.randn(1, 32, dtype=torch.float16), w.half())
+    assert not triton_kernels.gemv_applies(torch.randn(3, 32, dtype=bf), w)
+    assert not triton_kernels.gemv_applies(torch.randn(0, 32, dtype=bf), w)
+    assert not triton_kernels.gemv_applies(torch.randn(1, 32), w.float())  # fp32: F.linear
+    assert not triton_kernels.gemv_applies(torch.randn(1, 32, dtype=bf), w.half())
+    assert not triton_kernels.gemv_applies(torch.randn(1, 64, dtype=bf)[:, ::2], w)
+    assert not triton_kernels.gemv_applies(torch.randn(1, 32, dtype=bf), w.t().contiguous().t())
+    assert not triton_kernels.gemv_applies(torch.randn(1, 31, dtype=bf), w)
+    x = torch.randn(1, 32, dtype=bf)
+    assert not triton_kernels.use_triton_gemv(x, w)  # flag off (the default)
+
+
+def test_flag_is_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("SGLANG_TRITON_GEMV", raising=False)
+    monkeypatch.delenv("SGLANG_DISABLE_TRITON_KERNELS", raising=False)
+    assert not triton_kernels._triton_gemv_enabled()
+    monkeypatch.setenv("SGLANG_TRITON_GEMV", "0")
+    assert not triton_kernels._triton_gemv_enabled()
+    monkeypatch.setenv("SGLANG_TRITON_GEMV", "1")
+    assert triton_kernels._triton_gemv_enabled()
+    monkeypatch.setenv("SGLANG_DISABLE_TRITON_KERNELS", "1")
+    assert not triton_kernels._triton_gemv_enabled()
+
+
+@pytest.fixture
+def gemv_calls(monkeypatch) -> list[tuple[int, int]]:
+    """Counts calls to gemv.gemv (the real kernel still runs) as (M, N), and lets the gate pass
+    on CPU: use_triton_gemv in the layers becomes the flag and gemv_applies, without CUDA."""
+    calls: list[tuple[int, int]] = []
+    real = gemv_module.gemv
+
+    def spy(x, weight, bias=None, **kw):
+        calls.append((x.shape[0], weight.shape[0]))
+        return real(x, weight, bias, **kw)
+
+    def gate(x, weight):
+        return triton_kernels.TRITON_GEMV_ENABLED and triton_kernels.gemv_applies(x, weight)
+
+    monkeypatch.setattr(gemv_module, "gemv", spy)
+    monkeypatch.setattr(linear, "use_triton_gemv", gate)
+    monkeypatch.setattr(logits_processor, "use_triton_gemv", gate)
+    return calls
+
+
+def _layers(dtype: torch.dtype) -> list:
+    torch.manual_seed(3)
+    hidden = 64
+    layers = [
+        ColumnParallelLinear(hidden, 48, bias=True, tp_rank=0, tp_size=1),
+        MergedColumnParallelLinear(hidden, [40, 40], bias=False, tp_rank=0, tp_size=1),
+        QKVParallelLinear(hidden, 16, 4, 2, bias=True, tp_rank=0, tp_size=1),
+        RowParallelLinear(hidden, 32, bias=True, tp_rank=0, tp_size=1),
+    ]
+    for layer in layers:
+        for p in layer.parameters():
+            p.data = torch.randn(p.shape).to(DEVICE, dtype) / 8
+    return layers
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_linear_layers_call_gemv_only_under_the_gate(monkeypatch, gemv_calls, enabled) -> None:
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", enabled)
+    bf = torch.bfloat16
+    for layer in _layers(bf):
+        n = layer.weight.shape[0]
+        for rows in (1, 2, 3):
+            gemv_calls.clear()
+            x = torch.randn(rows, 64).to(DEVICE, bf)
+            out, _ = layer(x)
+            expect = F.linear(x, layer.weight, layer.bias)
+            torch.testing.assert_close(out, expect, atol=1e-2, rtol=1.6e-2)
+            assert gemv_calls == ([(rows, n)] if enabled and rows <= 2 else [])
+        gemv_calls.clear()
+        layer(torch.randn(1, 1, 64).to(DEVICE, bf))  # leading dims flattened
+        assert gemv_calls == ([(1, n)] if enabled else [])
+    gemv_calls.clear()
+    for layer in _layers(torch.float32):
+        layer(torch.randn(1, 64))  # float32: F.linear even under the flag
+    assert gemv_calls == []
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_lm_head_calls_gemv_only_under_the_gate(monkeypatch, gemv_calls, enabled) -> None:
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", enabled)
+
+    class _Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(70, 32).to(torch.bfloat16) / 6)
+            self.bias = None
+
+    class _Config:
+        vocab_size = 67  # three padded rows cut off
+
+    proc, head = LogitsProcessor(_Config()), _Head()
+    for rows in (1, 2, 3):
+        gemv_calls.clear()
+        hidden = torch.randn(rows, 32).to(torch.bfloat16)
+        logits = proc._compute_logits(hidden, head)
+        assert logits.shape == (rows, 67) and logits.dtype == torch.float32
+        expect = torch.matmul(hidden, head.weight.t())[:, :67].float()
+        torch.testing.assert_close(logits, expect, atol=1e-2, rtol=1.6e-2)
+        assert gemv_calls == ([(rows, 70)] if enabled and rows <= 2 else [])
