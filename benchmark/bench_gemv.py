@@ -8,8 +8,10 @@ Why: the 8B batch-1 decode step is 0.70 of the weight-read roofline and its time
 GEMVs (issue 6). Each shape's call is captured 20 times in one CUDA graph and the graph is
 replayed (launch latency excluded, as in the decode graph), cycling through copies of the
 weight that together exceed the L2 cache (300 MB); GB/s = weight bytes / time. The
-Triton kernel (`_gemv`) is tried in a few tile configurations; the best one is reported with
-its maximum absolute difference from `F.linear` (both bf16 outputs, fp32 accumulation).
+Triton kernel (`gemv` of python/sglang/srt/layers/triton_kernels/gemv.py, which the layers
+use with SGLANG_TRITON_GEMV=1; gemv_h200.json measured its first version, then kept in this
+file) is tried in a few tile configurations; the best one is reported with its maximum absolute
+difference from `F.linear` (both bf16 outputs, fp32 accumulation).
 Only CUDA.
 """
 
@@ -20,9 +22,9 @@ import json
 from functools import partial
 
 import torch
-import triton
-import triton.language as tl
 from bench_common import measure_copy_bandwidth, run_meta, write_json
+
+from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv
 
 SHAPES = {  # name: (N out, K in) of Llama-3.1-8B
     "qkv_proj": (6144, 4096),
@@ -33,53 +35,9 @@ SHAPES = {  # name: (N out, K in) of Llama-3.1-8B
 }
 
 
-@triton.jit
-def _gemv(
-    x_ptr,  # [M, K]
-    w_ptr,  # [N, K] row-major
-    y_ptr,  # [M, N]
-    N,
-    K,
-    M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """y[m, n] = sum_k x[m, k] w[n, k] for BLOCK_N rows of w per program, M <= 4 rows of x
-    (each w tile is read once for all of them); fp32 accumulation."""
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < N
-    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        w = tl.load(
-            w_ptr + offs_n[:, None] * K + kk[None, :],
-            mask=mask_n[:, None] & (kk[None, :] < K),
-            other=0.0,
-            eviction_policy="evict_first",
-        ).to(tl.float32)
-        x0 = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-        acc0 += w * x0[None, :]
-        if M > 1:
-            x1 = tl.load(x_ptr + K + kk, mask=kk < K, other=0.0).to(tl.float32)
-            acc1 += w * x1[None, :]
-    y0 = tl.sum(acc0, axis=1)
-    tl.store(y_ptr + offs_n, y0.to(y_ptr.dtype.element_ty), mask=mask_n)
-    if M > 1:
-        y1 = tl.sum(acc1, axis=1)
-        tl.store(y_ptr + N + offs_n, y1.to(y_ptr.dtype.element_ty), mask=mask_n)
-
-
 def triton_gemv(x: torch.Tensor, w: torch.Tensor, block_n: int, block_k: int, warps: int):
-    """x [M <= 2, K] bf16, w [N, K] bf16 -> [M, N] bf16."""
-    m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, block_n),)
-    _gemv[grid](x, w, y, n, k, M=m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-    return y
+    """x [M <= 2, K] bf16, w [N, K] bf16 -> [M, N] bf16, with the given tile."""
+    return gemv(x, w, tile=GemvTile(block_n, block_k, warps))
 
 
 def time_graph(fns: list, reps: int = 20, replays: int = 20) -> float:
