@@ -82,9 +82,11 @@ def _gemv_kernel(
         if M > 1:
             x1 = tl.load(x_ptr + stride_xm + kk, mask=mask_k, other=0.0).to(tl.float32)
             acc1 += w * x1[None, :]
-    y0 = tl.sum(acc0, axis=1)  # [BLOCK_N] float32
+    b = tl.zeros([BLOCK_N], dtype=tl.float32)
     if HAS_BIAS:
         b = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    y0 = tl.sum(acc0, axis=1)  # [BLOCK_N] float32
+    if HAS_BIAS:
         y0 += b
     out_ty = y_ptr.dtype.element_ty
     tl.store(y_ptr + offs_n, round_to(y0, out_ty), mask=mask_n)
