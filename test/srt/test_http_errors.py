@@ -5,6 +5,7 @@ keeps serving afterwards."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
 import pytest
@@ -94,6 +95,112 @@ CASES = [
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),
 ]
+
+
+def gen(lp: dict | None = None, **sp) -> dict:
+    """A /generate body: "hi", or the ids and logprob fields of `lp`, and sampling params."""
+    return {"sampling_params": {"max_new_tokens": 2, **sp}, **(lp or {"text": "hi"})}
+
+
+# Integer fields take JSON integers only on every route (OpenAI's API refuses 2.0 and true too):
+# (path, body, the field the error must name)
+INT_AS_FLOAT = [
+    (CHAT, chat(max_tokens=2.0), "max_tokens"),
+    (COMP, comp(max_tokens=True), "max_tokens"),
+    (CHAT, chat(max_completion_tokens=2.0), "max_completion_tokens"),
+    (CHAT, chat(n=1.0), "n"),
+    (COMP, comp(n=True), "n"),
+    (COMP, comp(top_k=5.0), "top_k"),
+    (CHAT, chat(seed=3.0), "seed"),
+    (COMP, comp(logprobs=2.0), "logprobs"),
+    (CHAT, chat(logprobs=True, top_logprobs=2.0), "top_logprobs"),
+    (COMP, comp(min_tokens=1.0), "min_tokens"),
+    (COMP, comp(stop_token_ids=[2.0]), "stop_token_ids"),
+    (GEN, gen(max_new_tokens=2.0), "max_new_tokens"),
+    (GEN, gen(max_new_tokens=True), "max_new_tokens"),
+    (GEN, gen(n=1.0), "n"),
+    (GEN, gen(top_k=5.0), "top_k"),
+    (GEN, gen(sampling_seed=3.0), "sampling_seed"),
+    (GEN, gen(LP_START | {"top_logprobs_num": 2.0}), "top_logprobs_num"),
+    (GEN, gen(LP_START | {"top_logprobs_num": True}), "top_logprobs_num"),  # crashed the scheduler
+    (GEN, gen(LP_START | {"logprob_start_len": 0.0}), "logprob_start_len"),
+]
+
+
+@pytest.mark.parametrize(
+    "path,body,field", INT_AS_FLOAT, ids=[str(i) for i in range(len(INT_AS_FLOAT))]
+)
+def test_integer_fields_refuse_floats_and_bools(server, path, body, field):
+    err = _assert_openai_error(_send(server, path, body), 400, "integer")
+    assert err["param"] == field
+    must = rf"\b{field}'? must be (an integer|a list of integers)"
+    assert re.search(must, err["message"]), err["message"]
+
+
+def test_integral_values_as_integers_still_work(server):
+    r = _send(server, CHAT, chat(n=2, seed=3, top_k=5, logprobs=True, top_logprobs=2))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+    r = _send(server, COMP, comp(logprobs=2, temperature=1))  # an int where a float goes is fine
+    assert r.status_code == 200, r.text
+    sp = {"max_new_tokens": 2, "n": 1, "top_k": 5, "sampling_seed": 3, "temperature": 1}
+    r = _send(server, GEN, {"text": "hi", "sampling_params": sp})
+    assert r.status_code == 200, r.text
+
+
+def test_top_logprobs_num_capped_like_openai(server):
+    """/generate's top_logprobs_num has OpenAI's cap on top_logprobs / logprobs: 20."""
+    err = _assert_openai_error(
+        _send(server, GEN, gen(LP_START | {"top_logprobs_num": 21})), 400, "[0, 20]"
+    )
+    assert err["param"] == "top_logprobs_num"
+    _assert_openai_error(_send(server, COMP, comp(logprobs=21)), 400, "logprobs")
+    r = _send(server, GEN, gen(LP_START | {"top_logprobs_num": 20}))
+    assert r.status_code == 200, r.text
+    assert all(len(t) == 20 for t in r.json()["meta_info"]["output_top_logprobs"])
+
+
+HUGE = [  # (path, raw body, field, the range the message must quote)
+    (COMP, b'{"prompt": "hi", "max_tokens": 1e20}', "max_tokens", ">= 0, got 1e+20"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e20}', "max_tokens",
+     ">= 0, got 1e+20"),
+    (GEN, b'{"text": "hi", "sampling_params": {"max_new_tokens": 1e20}}', "max_new_tokens",
+     ">= 0, got 1e+20"),
+    (COMP, b'{"prompt": "hi", "top_k": 1e20}', "top_k", ">= -1, got 1e+20"),
+    (COMP, b'{"prompt": "hi", "temperature": 1e400}', "temperature", ">= 0, got Infinity"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "top_p": NaN}', "top_p",
+     "in (0, 1], got NaN"),
+    (GEN, b'{"text": "hi", "sampling_params": {"temperature": 1e400}}', "temperature",
+     ">= 0, got Infinity"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path,body,field,rng", HUGE, ids=[str(i) for i in range(len(HUGE))])
+def test_huge_numbers_name_field_and_range(server, path, body, field, rng):
+    """Numbers past int/float range: the message names the field and what it may be, and does
+    not talk about Python types ("float") or JSON parsing."""
+    err = _assert_openai_error(_send(server, path, body), 400, rng)
+    assert err["param"] == field and f"{field} must be" in err["message"]
+    assert "float" not in err["message"] and "parse" not in err["message"]
+
+
+def test_prompt_too_long_same_wording_on_every_route(server):
+    """Chat (checked before the engine) and completions / /generate (checked by the engine)
+    say the same: the prompt's token count and the context length."""
+    bodies = [
+        (CHAT, chat(messages=[{"role": "user", "content": LONG_TEXT}])),
+        (COMP, comp(prompt=LONG_TEXT)),
+        (COMP, comp(prompt=[1] * 3000)),
+        (GEN, {"text": LONG_TEXT}),
+    ]
+    pattern = re.compile(
+        r"^The prompt is too long: (\d+) tokens, but the model's context length is 2048 tokens "
+        r"and at least one token must remain for the output\.$"
+    )
+    for path, body in bodies:
+        err = _assert_openai_error(_send(server, path, body), 400, "prompt is too long")
+        m = pattern.match(err["message"])
+        assert m and int(m.group(1)) > 2048, err["message"]
+        assert err["code"] == "context_length_exceeded"
 
 
 @pytest.fixture(scope="module")

@@ -86,6 +86,24 @@ def test_verify_rejects_out_of_range(params: dict, name: str, value: str) -> Non
     assert name in msg and value in msg
 
 
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"max_new_tokens": 2.0}, "max_new_tokens must be an integer >= 0, got 2.0"),
+        ({"max_new_tokens": 1e20}, "max_new_tokens must be an integer >= 0, got 1e+20"),
+        ({"top_k": True}, "top_k must be an integer >= 1, or -1 (all), got true"),
+        ({"temperature": float("inf")}, "temperature must be a finite number >= 0, got Infinity"),
+        ({"top_p": 10**400}, "top_p must be a finite number in (0, 1], got 1000"),
+    ],
+)
+def test_type_errors_quote_the_range(params: dict, message: str) -> None:
+    """Wrong types (floats for integers, bools, non-finite numbers) name the parameter and its
+    range, and quote the value as JSON, without Python type names."""
+    with pytest.raises(ValueError) as err:
+        SamplingParams.from_dict(params)
+    assert message in str(err.value) and "float" not in str(err.value)
+
+
 def test_defaults_and_valid_params_pass() -> None:
     sp = SamplingParams.from_dict(None)
     assert (sp.max_new_tokens, sp.temperature, sp.top_p, sp.top_k, sp.n) == (128, 1.0, 1.0, -1, 1)

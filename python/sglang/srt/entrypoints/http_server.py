@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -83,7 +84,10 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise OpenAIError(f"invalid JSON body: {e}", 400) from e
+        try:  # what the OpenAI routes (FastAPI: json.loads) also read: 1e400, NaN, 2**64 ...
+            data = json.loads(body)  # ... which the field checks then refuse by name
+        except ValueError:
+            raise OpenAIError(f"invalid JSON body: {e}", 400) from e
     if not isinstance(data, dict):
         raise OpenAIError("request body must be a JSON object", 400)
     unknown = sorted(set(data) - _GENERATE_FIELDS)

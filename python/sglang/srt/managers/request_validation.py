@@ -4,7 +4,11 @@ message that names the offending parameter (the HTTP layer turns it into a 400).
 from __future__ import annotations
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.sampling_params import SamplingParams, json_text
+
+# Most top logprobs a request may ask for per token: OpenAI's cap on top_logprobs (chat) and
+# logprobs (completions); /generate's top_logprobs_num has the same one.
+MAX_TOP_LOGPROBS = 20
 
 
 def build_sampling_params(raw: dict | None, tokenizer, model_config: ModelConfig) -> SamplingParams:
@@ -30,17 +34,51 @@ class ContextLengthError(ValueError):
         self.param = param
 
 
+def _is_int(v: object) -> bool:
+    """A JSON integer: not a float (2.0) and not a bool (true), as OpenAI's API requires."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_logprob_params(
+    return_logprob: bool, logprob_start_len: object, top_logprobs_num: object, prompt_len: int
+) -> int:
+    """Check /generate's logprob_start_len and top_logprobs_num; return the start position
+    (upstream: -1 scores from the last prompt token). Raises ValueError naming the field."""
+    if not _is_int(top_logprobs_num) or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise ValueError(
+            f"'top_logprobs_num' must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+            f"got {json_text(top_logprobs_num)}"
+        )
+    if not _is_int(logprob_start_len):
+        raise ValueError(
+            f"'logprob_start_len' must be an integer, got {json_text(logprob_start_len)}"
+        )
+    start = logprob_start_len
+    if return_logprob and not -1 <= start < prompt_len:
+        raise ValueError(
+            f"'logprob_start_len' must be -1 (the last prompt token) or in [0, {prompt_len}) "
+            f"for this prompt of {prompt_len} tokens, got {start}"
+        )
+    if start == -1 and return_logprob:
+        start = prompt_len - 1
+    return start
+
+
+def prompt_too_long_message(prompt_len: int, context_len: int) -> str:
+    """The one wording of "prompt longer than the context" (/generate and both OpenAI routes)."""
+    return (
+        f"The prompt is too long: {prompt_len} tokens, but the model's context length is "
+        f"{context_len} tokens and at least one token must remain for the output."
+    )
+
+
 def check_prompt_length(
     prompt_len: int, sp: SamplingParams, context_len: int, max_total_tokens: int | None
 ) -> None:
     """Refuse prompts that cannot fit: upstream's 'longer than the model's context length'.
     Raises ContextLengthError."""
     if prompt_len >= context_len:
-        raise ContextLengthError(
-            f"The input ({prompt_len} tokens) does not fit the model's context length "
-            f"({context_len} tokens): at least one token must remain for the output.",
-            "prompt",
-        )
+        raise ContextLengthError(prompt_too_long_message(prompt_len, context_len), "prompt")
     if prompt_len + sp.max_new_tokens > context_len:
         raise ContextLengthError(
             f"Requested token count exceeds the model's maximum context length of {context_len} "
@@ -49,7 +87,7 @@ def check_prompt_length(
         )
     if max_total_tokens is not None and prompt_len >= max_total_tokens:
         raise ContextLengthError(
-            f"The input ({prompt_len} tokens) does not fit in the KV cache of this server "
-            f"({max_total_tokens} tokens).",
+            f"The prompt is too long: {prompt_len} tokens, but the KV cache of this server "
+            f"holds {max_total_tokens} tokens.",
             "prompt",
         )

@@ -28,7 +28,12 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
     new_rid,
 )
-from sglang.srt.managers.request_validation import build_sampling_params, check_prompt_length
+from sglang.srt.managers.request_validation import (
+    build_sampling_params,
+    check_logprob_params,
+    check_prompt_length,
+)
+from sglang.srt.sampling.sampling_params import json_text
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.tokenizer import get_tokenizer
 
@@ -165,7 +170,9 @@ class TokenizerManager:
             sp = dict(item.sampling_params or {})
             n = sp.pop("n", 1)
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"sampling parameter 'n' must be an integer >= 1, got {n!r}")
+                raise ValueError(
+                    f"sampling parameter n must be an integer >= 1, got {json_text(n)}"
+                )
             for k in range(n):
                 copy_ = copy.copy(item)
                 copy_.sampling_params = dict(sp)
@@ -207,18 +214,9 @@ class TokenizerManager:
                 0, min(sp.max_new_tokens, self.model_config.context_len - len(ids))
             )
         check_prompt_length(len(ids), sp, self.model_config.context_len, self.max_total_num_tokens)
-        if not isinstance(obj.logprob_start_len, int) or not isinstance(obj.top_logprobs_num, int):
-            raise ValueError("'logprob_start_len' and 'top_logprobs_num' must be integers")
-        if obj.top_logprobs_num < 0:
-            raise ValueError("'top_logprobs_num' must be >= 0")
-        start = obj.logprob_start_len
-        if obj.return_logprob and not -1 <= start < len(ids):
-            raise ValueError(
-                f"'logprob_start_len' must be -1 (the last prompt token) or in [0, {len(ids)}) "
-                f"for this prompt of {len(ids)} tokens, got {start}"
-            )
-        if start == -1 and obj.return_logprob:  # upstream: score from the last prompt token
-            start = len(ids) - 1
+        start = check_logprob_params(
+            bool(obj.return_logprob), obj.logprob_start_len, obj.top_logprobs_num, len(ids)
+        )
         seed = sp.sampling_seed if sp.sampling_seed is not None else self.rng.getrandbits(62)
         return TokenizedGenerateReqInput(
             rid=obj.rid if isinstance(obj.rid, str) else new_rid(),

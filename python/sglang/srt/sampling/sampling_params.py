@@ -7,6 +7,8 @@ canonicalises (stop as list, greedy as top_k = 1, `stop_str_max_len`).
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -14,6 +16,21 @@ from typing import Any
 SAMPLING_EPS = 1e-6
 # top_k value meaning "no top-k" after normalize (upstream uses 1 << 30 too).
 TOP_K_ALL = 1 << 30
+# Valid range of each numeric parameter (upstream's), quoted by both the type error of from_dict
+# and the range error of verify, so that e.g. max_new_tokens=1e20 says what is allowed.
+RANGES = {
+    "max_new_tokens": ">= 0",
+    "temperature": ">= 0",
+    "top_p": "in (0, 1]",
+    "top_k": ">= 1, or -1 (all)",
+    "min_p": "in [0, 1]",
+    "frequency_penalty": "in [-2, 2]",
+    "presence_penalty": "in [-2, 2]",
+    "repetition_penalty": "in (0, 2]",
+    "min_new_tokens": ">= 0",
+    "n": ">= 1",
+    "max_draft_tokens": ">= 0",
+}
 
 
 @dataclass
@@ -61,8 +78,9 @@ class SamplingParams:
         """Build from a JSON-like dict; None or {} gives the defaults.
 
         Raises ValueError naming the key for unknown keys ("unknown sampling parameter 'foo'")
-        and naming the parameter for wrong types (e.g. temperature="hot", max_new_tokens=1.5,
-        a bool where an int is expected). Ints are accepted where floats are expected.
+        and naming the parameter and its range for wrong types (e.g. temperature="hot" or
+        Infinity, max_new_tokens=1.5 or 2.0 -- integers must be JSON integers, as in OpenAI's
+        API -- or a bool where a number is expected). Ints are accepted where floats are.
         """
         if d is None:
             return cls()
@@ -83,28 +101,23 @@ class SamplingParams:
     # ------------------------------------------------------------------ checks
     def verify(self, vocab_size: int) -> None:
         """Check value ranges (upstream's ranges). Raises ValueError naming parameter and value."""
-        _require(self.temperature >= 0.0, "temperature", self.temperature, "must be >= 0")
-        _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]")
-        _require(
-            self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "must be -1 (all) or >= 1"
-        )
-        _require(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "must be in [0, 1]")
-        _require(self.max_new_tokens >= 0, "max_new_tokens", self.max_new_tokens, "must be >= 0")
+        _require(self.temperature >= 0.0, "temperature", self.temperature)
+        _require(0.0 < self.top_p <= 1.0, "top_p", self.top_p)
+        _require(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k)
+        _require(0.0 <= self.min_p <= 1.0, "min_p", self.min_p)
+        _require(self.max_new_tokens >= 0, "max_new_tokens", self.max_new_tokens)
         _require(
             0 <= self.min_new_tokens <= self.max_new_tokens,
             "min_new_tokens",
             self.min_new_tokens,
             f"must be in [0, max_new_tokens={self.max_new_tokens}]",
         )
-        _require(self.n >= 1, "n", self.n, "must be >= 1")
+        _require(self.n >= 1, "n", self.n)
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
-            _require(-2.0 <= value <= 2.0, name, value, "must be in [-2, 2]")
+            _require(-2.0 <= value <= 2.0, name, value)
         _require(
-            0.0 < self.repetition_penalty <= 2.0,
-            "repetition_penalty",
-            self.repetition_penalty,
-            "must be in (0, 2]",
+            0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", self.repetition_penalty
         )
         for tid in self.stop_token_ids or []:
             ok = 0 <= tid < vocab_size
@@ -113,8 +126,7 @@ class SamplingParams:
             tid = _token_id_key(key)
             _require(0 <= tid < vocab_size, "logit_bias", key, f"outside vocab [0, {vocab_size})")
         if self.max_draft_tokens is not None:
-            ok = self.max_draft_tokens >= 0
-            _require(ok, "max_draft_tokens", self.max_draft_tokens, "must be >= 0")
+            _require(self.max_draft_tokens >= 0, "max_draft_tokens", self.max_draft_tokens)
 
     def normalize(self, tokenizer: Any | None) -> None:
         """Canonicalise in place (upstream semantics).
@@ -155,8 +167,9 @@ class SamplingParams:
 
 
 # ---------------------------------------------------------------------- helpers
-def _require(ok: bool, name: str, value: Any, why: str) -> None:
+def _require(ok: bool, name: str, value: Any, why: str | None = None) -> None:
     if not ok:
+        why = why or f"must be {RANGES[name]}"
         raise ValueError(f"invalid sampling parameter {name}={value!r}: {why}")
 
 
@@ -171,15 +184,26 @@ def _token_id_key(key: str | int) -> int:
         raise ValueError(f"logit_bias key {key!r} is not a token id") from None
 
 
+def json_text(v: Any) -> str:
+    """v as the JSON the user wrote (2.0, 1e+20, true, "x"; repr for non-JSON values), cut to
+    80 characters."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _type_error(name: str, value: Any, expected: str) -> ValueError:
-    return ValueError(
-        f"sampling parameter {name} must be {expected}, got {type(value).__name__} {value!r}"
-    )
+    rng = RANGES.get(name)
+    expected = f"{expected} {rng}" if rng else expected
+    return ValueError(f"sampling parameter {name} must be {expected}, got {json_text(value)}")
 
 
 def _int(name: str, v: Any) -> int:
+    """A JSON integer: 2.0 and true are refused, as by OpenAI's API and pydantic strict ints."""
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _type_error(name, v, "an int")
+        raise _type_error(name, v, "an integer")
     return v
 
 
@@ -188,9 +212,14 @@ def _opt_int(name: str, v: Any) -> int | None:
 
 
 def _float(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _type_error(name, v, "a number")
-    return float(v)
+    if not isinstance(v, bool) and isinstance(v, (int, float)):
+        try:
+            f = float(v)
+        except OverflowError:  # an int beyond float range
+            f = math.inf
+        if math.isfinite(f):
+            return f
+    raise _type_error(name, v, "a finite number")
 
 
 def _bool(name: str, v: Any) -> bool:
@@ -214,7 +243,7 @@ def _int_list(name: str, v: Any) -> list[int] | None:
         isinstance(x, int) and not isinstance(x, bool) for x in v
     ):
         return list(v)
-    raise _type_error(name, v, "a list of ints")
+    raise _type_error(name, v, "a list of integers")
 
 
 def _bias(name: str, v: Any) -> dict | None:

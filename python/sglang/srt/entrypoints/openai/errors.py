@@ -156,8 +156,9 @@ def validation_error_to_openai(exc: RequestValidationError) -> OpenAIError:
         )
     msgs = []
     for err in errors[:3]:
-        p = _loc_to_param(tuple(err.get("loc", ())))
-        msgs.append(f"{p}: {err.get('msg')}" if p else str(err.get("msg")))
+        p, msg = _loc_to_param(tuple(err.get("loc", ()))), str(err.get("msg"))
+        named = p is None or msg.startswith(p + " ")  # "n must be ..." (protocol.py) names it
+        msgs.append(msg if named else f"{p}: {msg}")
     return OpenAIError("; ".join(msgs), 400, param=param)
 
 

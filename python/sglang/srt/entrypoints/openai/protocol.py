@@ -3,16 +3,100 @@
 Field names, defaults and ranges follow the OpenAI API; SGLang's extra sampling fields (top_k,
 min_p, repetition_penalty, ...) are accepted at the top level, which is where the openai client's
 `extra_body` puts them. Invalid values fail validation, and the server answers 400 with a message
-naming the field (see errors.py). Responses are built as plain dicts by the serving modules.
+naming the field (see errors.py). As in OpenAI's API and /generate, integer fields take JSON
+integers only (2.0, true and "2" are refused) and number fields finite numbers only (not true,
+"0.5" or Infinity); the error names the field and its range. Responses are built as plain dicts by
+the serving modules.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from sglang.srt.managers.request_validation import MAX_TOP_LOGPROBS
+from sglang.srt.sampling.sampling_params import json_text
 
 _ALLOWED_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _number_kind(annotation: Any) -> tuple[type, bool] | None:
+    """(int, False) for `int` / `int | None` fields, (int, True) for `list[int] | None`, float
+    likewise; None for other fields."""
+    args = set(get_args(annotation)) or {annotation}
+    args.discard(type(None))
+    if len(args) != 1:
+        return None
+    (arg,) = args
+    is_list = len(get_args(arg)) == 1  # list[int]
+    arg = get_args(arg)[0] if is_list else arg
+    return (arg, is_list) if arg in (int, float) else None
+
+
+def _range_text(field: FieldInfo) -> str:
+    """' in [0, 20]', ' >= 0', ... from the field's Field(ge=, gt=, le=, lt=) bounds."""
+    lo = hi = None
+    for m in field.metadata:
+        if isinstance(m, Ge):
+            lo = ("[", m.ge)
+        elif isinstance(m, Gt):
+            lo = ("(", m.gt)
+        elif isinstance(m, Le):
+            hi = ("]", m.le)
+        elif isinstance(m, Lt):
+            hi = (")", m.lt)
+    if lo and hi:
+        return f" in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    if lo:
+        return f" {'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    if hi:
+        return f" {'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+    return ""
+
+
+def _is_number(v: Any, kind: type) -> bool:
+    if isinstance(v, bool) or not isinstance(v, kind if kind is int else (int, float)):
+        return False
+    return isinstance(v, int) or math.isfinite(v)
+
+
+def _strict_number(model: type[BaseModel], v: Any, info: ValidationInfo) -> Any:
+    """Refuse what pydantic's lax mode would coerce into an int / float field: 2.0, true or "2"
+    for an int (OpenAI's API and /generate refuse them), true, "0.5" or Infinity for a float.
+    The error names the field and its range: "max_tokens must be an integer >= 0, got 1e+20"."""
+    field = model.model_fields[info.field_name]
+    kind = _number_kind(field.annotation)
+    if kind is None or v is None:
+        return v
+    kind, is_list = kind
+    if is_list and not isinstance(v, list):
+        return v  # pydantic's own list_type error
+    if all(_is_number(x, kind) for x in (v if is_list else [v])):
+        return v
+    what = "an integer" if kind is int else "a finite number"
+    what = f"a list of {'integers' if kind is int else 'finite numbers'}" if is_list else what
+    raise PydanticCustomError(
+        "strict_number",
+        "{field} must be {what}{range}, got {value}",
+        {
+            "field": info.field_name,
+            "what": what,
+            "range": _range_text(field),
+            "value": json_text(v),
+        },
+    )
 
 
 class StreamOptions(BaseModel):
@@ -52,6 +136,11 @@ class SamplingFields(BaseModel):
     json_schema: str | None = None
     ebnf: str | None = None
     rid: str | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        return _strict_number(cls, v, info)
 
     @field_validator("stop")
     @classmethod
@@ -97,9 +186,27 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(16, ge=0)
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_ids_are_ints(cls, v: Any) -> Any:
+        """Token ids must be JSON integers, as /generate's input_ids (not 1.0 or true)."""
+        ids = (
+            [x for p in v for x in (p if isinstance(p, list) else [p])]
+            if isinstance(v, list)
+            else []
+        )
+        bad = [x for x in ids if isinstance(x, bool) or not isinstance(x, (int, str))]
+        if bad:
+            raise PydanticCustomError(
+                "strict_number",
+                "prompt token ids must be integers, got {value}",
+                {"value": json_text(bad[0])},
+            )
+        return v
 
     @field_validator("prompt")
     @classmethod
@@ -158,7 +265,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None

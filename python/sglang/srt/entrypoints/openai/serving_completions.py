@@ -26,6 +26,7 @@ from sglang.srt.entrypoints.openai.errors import (
 )
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest, SamplingFields
 from sglang.srt.managers.io_struct import GenerateReqInput, new_rid
+from sglang.srt.managers.request_validation import prompt_too_long_message
 
 DISCONNECT_POLL_S = 0.25
 
@@ -194,8 +195,7 @@ def check_max_tokens(tm: Any, max_tokens: int | None, prompt_len: int | None, pa
     ctx = tm.model_config.context_len
     if prompt_len is not None and prompt_len >= ctx:
         raise OpenAIError(
-            f"The prompt is too long: {prompt_len} tokens, but the model's context length is "
-            f"{ctx} tokens.",
+            prompt_too_long_message(prompt_len, ctx),
             400,
             param=param,
             code="context_length_exceeded",
