@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sglang.srt.layers.triton_kernels import use_triton_kernels
 from sglang.srt.utils.h2d import int64_to_device
 
 
@@ -132,5 +133,12 @@ class MHATokenToKVPool:
         k: torch.Tensor,  # [num_tokens, head_num, head_dim]
         v: torch.Tensor,  # [num_tokens, head_num, head_dim]
     ) -> None:
+        """k_buffer[layer_id][loc] = k, v_buffer[layer_id][loc] = v (cast to the pool dtype).
+        On CUDA with the Triton kernels enabled, one kernel writes both (kv_store.py)."""
+        if use_triton_kernels(k):
+            from sglang.srt.layers.triton_kernels.kv_store import store_kv
+
+            store_kv(self.k_buffer[layer_id], self.v_buffer[layer_id], loc, k, v)
+            return
         self.k_buffer[layer_id][loc] = k.to(self.dtype)
         self.v_buffer[layer_id][loc] = v.to(self.dtype)
