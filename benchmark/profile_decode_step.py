@@ -30,7 +30,11 @@ prompt ids, greedy, ignore_eos) and reports
   and its fitted step-time coefficients;
 - with --weight-bytes (config arithmetic of bench_common.llama_weight_bytes) and the copy
   bandwidth measured in the same process: roofline_ms and roofline_fraction = roofline_ms /
-  step_ms.
+  step_ms;
+- --kernel-table: the CUDA kernels of 8 replays of the step's graph (CUPTI), by total time;
+- --py-spy-steps N (py-spy on PATH or --py-spy-bin): py-spy attached to this process while
+  the scheduler runs N more decode steps, once sampling only the GIL holder and once every
+  thread; per thread the top leaf frames in the JSON, raw stacks next to --result-file.
 
 Only CUDA: the point is device idle time. Results are written as JSON (rewritten per mode).
 """
