@@ -4,7 +4,7 @@ Each sampled token draws its noise from a pure function of (seed, position, colu
 
     key   = mix64(seed ^ mix64(position * K_POS + stream * K_STREAM + 1))   # per row
     x     = mix64(key + (column + 1) * GOLDEN)                              # per element
-    u     = ((x >>> 40) + 0.5) / 2**24                                      # in (0, 1)
+    u     = ((x >>> 41) + 0.5) / 2**23                                      # in (0, 1)
 
 where mix64 is the splitmix64 finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom
 number generators", OOPSLA 2014). Everything up to `u` is exact int64 arithmetic (wrapping
@@ -78,8 +78,11 @@ def uniform_noise(
     key = mix64(seeds ^ mix64(row))  # [bs] int64
     cols = torch.arange(1, num_cols + 1, dtype=torch.int64, device=seeds.device) * GOLDEN  # [V]
     x = mix64(key[:, None] + cols[None, :])  # [bs, V] int64
-    top24 = _shr(x, 40)  # [bs, V] int64 in [0, 2**24)
-    return (top24.to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # 23 bits: (2**23 - 0.5) / 2**23 = 1 - 2**-24 is exact in float32, so u < 1 strictly (24
+    # bits rounded (2**24 - 0.5) / 2**24 to 1.0: exponential noise 0, a zero-probability
+    # token could win the race).
+    top23 = _shr(x, 41)  # [bs, V] int64 in [0, 2**23)
+    return (top23.to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def exponential_noise(

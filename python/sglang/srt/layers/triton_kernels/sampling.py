@@ -68,8 +68,8 @@ def _row_key(seeds_ptr, positions_ptr, row, ROW_ADD: tl.constexpr):
 def _uniform(key, cols):
     """u in (0, 1) for int64 0-based columns `cols` of the row with `key` (float32)."""
     x = _mix64(key + (cols + 1) * _C_GOLDEN)
-    top24 = (x >> 40) & _C_MASK40  # [0, 2**24)
-    return (top24.to(tl.float32) + 0.5) * 5.9604644775390625e-08  # 2**-24, exact
+    top23 = (x >> 41) & (_C_MASK40 >> 1)  # [0, 2**23): u <= 1 - 2**-24 < 1 (random.py)
+    return (top23.to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23, exact
 
 
 @triton.jit
