@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.triton_kernels.rotary import _token_rows
+
 _BLOCK = 1024
 
 
@@ -39,18 +41,6 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + slot * row + cols, v.to(dtype), mask=mask)
 
 
-def _rows(t: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """[T, H, D] (rows may be strided views of a fused qkv output) -> [T, H * D] with a unit
-    last stride (a view when possible, else a contiguous copy)."""
-    try:
-        rows = t.view(num_tokens, -1)
-        if rows.stride(-1) == 1:
-            return rows
-    except RuntimeError:
-        pass
-    return t.reshape(num_tokens, -1).contiguous()
-
-
 def store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -74,7 +64,8 @@ def store_kv(
     row = k_cache[0].numel() if k_cache.shape[0] else 0
     if num_tokens == 0 or row == 0:
         return
-    k_rows, v_rows = _rows(k, num_tokens), _rows(v, num_tokens)
+    # [T, H * D] with a unit last stride (a view of strided qkv rows when possible)
+    k_rows, v_rows = _token_rows(k, num_tokens)[0], _token_rows(v, num_tokens)[0]
     if k_rows.shape[1] != row or v_rows.shape[1] != row:
         raise ValueError(
             f"store_kv: rows of {k_rows.shape[1]} / {v_rows.shape[1]} values for cache rows "
