@@ -48,10 +48,10 @@ def _default_device(monkeypatch):
 
 def _operands(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0):
     """x [m, k], weight [n, k] scaled so that outputs are O(1), bias [n]."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g).to(DEVICE, dtype)
-    w = (torch.randn(n, k, generator=g) / k**0.5).to(DEVICE, dtype)
-    b = torch.randn(n, generator=g).to(DEVICE, dtype)
+    g = torch.Generator().manual_seed(seed)  # a CPU generator: same draws on every device
+    x = torch.randn(m, k, generator=g, device="cpu").to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g, device="cpu") / k**0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g, device="cpu").to(DEVICE, dtype)
     return x, w, b
 
 
