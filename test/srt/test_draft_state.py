@@ -95,3 +95,33 @@ def test_requests_compacted_together_keep_their_own_rows_and_release_step_output
     one.append_rows(src, 2, 5, max_pending=1024)
     assert one.hidden_states.data_ptr() == src[2].data_ptr()
     assert torch.equal(one.hidden_states, src[2:5])
+
+
+def test_compaction_gathers_only_new_rows_and_drafting_sees_all_in_order(monkeypatch):
+    """While a request keeps not drafting, each compaction copies only the rows appended since
+    the previous one (a new segment; the row count per gather stays COMPACT_CHUNKS instead of
+    growing with the pending rows), and hidden_states (before drafting) joins the segments
+    and the newest chunks into one range, in position order."""
+    import sglang.srt.speculative.spec_info as spec_info
+
+    gathers = []
+    real_select = torch.Tensor.index_select
+    monkeypatch.setattr(
+        torch.Tensor,
+        "index_select",
+        lambda t, d, i: gathers.append(i.numel()) or real_select(t, d, i),
+    )
+    d = EagleDraftInput()
+    want = []
+    for i in range(4 * COMPACT_CHUNKS + 3):
+        step = torch.randn(3, 5)
+        d.append_rows(step, i % 3, i % 3 + 1, max_pending=1024, compact=False)
+        want.append(step[i % 3].clone())
+        if d.compaction_due:
+            spec_info.compact_pending([d])
+    assert gathers == [COMPACT_CHUNKS] * 4
+    assert d.num_compacted == 4 and d.num_uncompacted == 3 and d.num_pending == len(want)
+    assert torch.equal(d.hidden_states, torch.stack(want))
+    assert gathers[-1] == len(want) and len(d.chunks) == 1 and d.num_compacted == 1
+    d.clear()
+    assert d.num_compacted == 0 and d.hidden_states is None

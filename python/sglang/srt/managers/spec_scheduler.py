@@ -15,7 +15,12 @@ from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, Sched
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.adaptive.warmup import profile_on_worker
-from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan, compact_pending
+from sglang.srt.speculative.spec_info import (
+    COMPACT_CHUNKS,
+    EagleDraftInput,
+    SpecPlan,
+    compact_pending,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -38,6 +43,7 @@ class SpecScheduler:
             "spec_last_step_share_drafting": 0.0,
         }
         self.accept_histogram = [0] * (self.num_steps + 1)
+        self.num_decode_commits = 0  # sets the compaction cadence (every COMPACT_CHUNKS)
         sa = scheduler.server_args
         self.adaptive = (  # --speculative-adaptive: per-step draft lengths from a policy
             AdaptiveController(
@@ -134,7 +140,12 @@ class SpecScheduler:
         drafting = committed = 0
         out = s.outputs
         hidden, starts = spec.hidden_states, spec.hidden_starts
-        due: list[EagleDraftInput] = []  # compacted together after the loop (one copy)
+        # Every COMPACT_CHUNKS commits, the new pending rows of every request are compacted
+        # together (one copy for the batch, each request at most COMPACT_CHUNKS chunks behind),
+        # rather than each request on its own schedule (one copy per step under load).
+        self.num_decode_commits += 1
+        cadence = self.num_decode_commits % COMPACT_CHUNKS == 0
+        due: list[EagleDraftInput] = []
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
             toks = spec.tokens[i]
@@ -161,7 +172,7 @@ class SpecScheduler:
             d.append_rows(hidden, starts[i], end, MAX_PENDING_HIDDEN, compact=False)
             if req.finished():
                 out.finish(req)
-            elif d.compaction_due:
+            elif cadence or d.compaction_due:
                 due.append(d)
         compact_pending(due)
         st = self.stats

@@ -58,11 +58,17 @@ class EagleDraftInput:
     shared with other requests compacted in the same step (compact_pending). They are made
     contiguous only when the request drafts (`hidden_states`). A step that does not draft
     therefore costs one list append per request, not a device copy.
+
+    The first `num_compacted` chunks are compaction results ("segments"); the rest reference
+    step outputs. A compaction gathers only the chunks after the segments, so rows are copied
+    once while a request keeps not drafting (not once per compaction), and a request that
+    drafts again concatenates its segments once.
     """
 
     draft_kv_len: int = 0  # positions whose draft KV is valid
     chunks: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
     num_pending: int = 0  # rows in chunks
+    num_compacted: int = 0  # leading chunks that are compaction segments
     stale: bool = False  # pending states were dropped: this request cannot draft any more
 
     @property
@@ -72,15 +78,20 @@ class EagleDraftInput:
         if not self.chunks:
             return None
         if len(self.chunks) > 1:
-            compact_pending([self])
+            compact_pending([self], full=True)
         t, a, b = self.chunks[0]
         return t if a == 0 and b == t.shape[0] else t[a:b]
 
     @property
     def compaction_due(self) -> bool:
-        """COMPACT_CHUNKS or more chunks: time to copy them into one range (the step outputs
-        they reference are then released)."""
-        return len(self.chunks) >= COMPACT_CHUNKS
+        """COMPACT_CHUNKS or more chunks after the segments: time to copy them into one range
+        (the step outputs they reference are then released)."""
+        return self.num_uncompacted >= COMPACT_CHUNKS
+
+    @property
+    def num_uncompacted(self) -> int:
+        """Chunks that still reference step outputs."""
+        return len(self.chunks) - self.num_compacted
 
     def append_rows(
         self, hidden: torch.Tensor, start: int, end: int, max_pending: int, compact: bool = True
@@ -104,11 +115,14 @@ class EagleDraftInput:
         """The draft consumed every pending state."""
         self.chunks = []
         self.num_pending = 0
+        self.num_compacted = 0
 
 
-def compact_pending(drafts: list[EagleDraftInput]) -> None:
-    """Copy the pending rows of every draft in `drafts` into one tensor and give each draft its
-    own contiguous row range of it, in order. Drafts with no chunks are skipped.
+def compact_pending(drafts: list[EagleDraftInput], full: bool = False) -> None:
+    """Copy pending rows of every draft in `drafts` into one tensor and give each draft its own
+    contiguous row range of it, in order: the chunks after its segments (a new segment after
+    the existing ones), or with `full` all its chunks (one range; before it drafts). Drafts
+    with nothing to gather are skipped.
 
     A plain step gives each request one row of a [bs, 3H] step output, so a compaction of
     many requests gathers many single rows from a few sources. Rather than one slice per
@@ -120,20 +134,28 @@ def compact_pending(drafts: list[EagleDraftInput]) -> None:
     The sources may come from the overlap worker's stream and be freed right after:
     record_stream (once per distinct source) keeps their memory from being reused there before
     this copy has read it. The result lives as long as any draft still references its range
-    (at most until each of them compacts again, drafts, or finishes)."""
-    drafts = [d for d in drafts if d.chunks]
-    if not drafts:
+    (until each of them drafts or finishes)."""
+    picked: list[tuple[EagleDraftInput, int]] = []  # (draft, first chunk gathered)
+    for d in drafts:
+        if full and len(d.chunks) > 1:
+            picked.append((d, 0))
+        elif not full and d.num_uncompacted > 0:
+            picked.append((d, d.num_compacted))
+    if not picked:
         return
     sources: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, first row in the cat)
     rows: list[int] = []
+    counts: list[int] = []  # rows gathered per picked draft
     total = 0
-    for d in drafts:
-        for t, a, b in d.chunks:
+    for d, first in picked:
+        n0 = len(rows)
+        for t, a, b in d.chunks[first:]:
             entry = sources.get(id(t))
             if entry is None:
                 entry = sources[id(t)] = (t, total)
                 total += t.shape[0]
             rows.extend(range(entry[1] + a, entry[1] + b))
+        counts.append(len(rows) - n0)
     tensors = [t for t, _ in sources.values()]
     big = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
     if rows == list(range(big.shape[0])):
@@ -146,9 +168,10 @@ def compact_pending(drafts: list[EagleDraftInput]) -> None:
         for t in tensors:
             t.record_stream(stream)
     off = 0
-    for d in drafts:
-        d.chunks = [(cat, off, off + d.num_pending)]
-        off += d.num_pending
+    for (d, first), n in zip(picked, counts, strict=True):
+        d.chunks = d.chunks[:first] + [(cat, off, off + n)]
+        d.num_compacted = len(d.chunks)
+        off += n
 
 
 @dataclass
