@@ -685,6 +685,39 @@ def test_model_learns_without_readers():
     assert model.predict_unsolved(x) == pytest.approx(0.25, rel=0.05)
 
 
+def test_buffered_updates_equal_one_at_a_time_updates():
+    """update() buffers measurements and folds them in batches; the statistics and the solved
+    coefficients equal the eager reference (decay, then add z z^T and z y with y clipped to
+    [1/3, 3] x the last solve's prediction), whether the buffer is folded by a read mid-way or
+    after SOLVE_EVERY updates."""
+    from sglang.srt.speculative.adaptive import step_time_model as stm
+
+    rng = np.random.default_rng(3)
+    model = StepTimeModel({**ZERO, "const": 2e-3, "bs": 1e-5})
+    gram, moment, theta = model.gram.copy(), model.moment.copy(), model.theta.copy()
+    n = 0
+    for i in range(3 * stm.SOLVE_EVERY + 5):
+        bs = int(rng.integers(1, 64))
+        x = allocation_features([int(d) for d in rng.integers(0, 4, bs)], [1] * bs, 300 * bs)
+        y = float(rng.choice([1e-4, 3e-3, 5e-2]))  # some clipped on either side
+        z = x / stm._SCALES
+        pred = max(float(z @ theta), 1e-6)
+        y_c = min(max(y, pred / 3), pred * 3)
+        gram = gram * model.decay + np.outer(z, z)
+        moment = moment * model.decay + z * y_c
+        n += 1
+        model.update(x, y)
+        if n % stm.SOLVE_EVERY == 0 or i == 10:  # a solve: by the cadence, or a read (i = 10)
+            if i == 10:
+                model.predict(x)
+            theta = stm._ridge_nonneg(gram, moment, model.prior, model.prior_weight)
+            np.testing.assert_allclose(model.theta, theta, rtol=1e-9, atol=1e-15)
+            np.testing.assert_allclose(model.gram, gram, rtol=1e-12, atol=1e-18)
+            np.testing.assert_allclose(model.moment, moment, rtol=1e-12, atol=1e-18)
+            n = 0
+    assert len(model._rows) == n > 0 and model.num_updates == 3 * stm.SOLVE_EVERY + 5
+
+
 def test_overlap_commits_see_launch_step_indices(tiny_model_dir, spec_args, monkeypatch):
     """With overlap scheduling a commit comes after the next step's launch (pipelined) or
     before it (drained); the controller gets each step's launch index, so one request's decode

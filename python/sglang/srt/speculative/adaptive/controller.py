@@ -58,7 +58,7 @@ class AdaptiveController:
         self.last = {
             "bs": 0,
             "sum_d": 0,
-            "predicted_s": 0.0,
+            "x": None,
             "measured_s": 0.0,
             "forward_s": 0.0,
         }
@@ -184,9 +184,6 @@ class AdaptiveController:
             x = allocation_features(draft_lens, pending, kv)
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)
-        debug = logger.isEnabledFor(logging.DEBUG)
-        # reported only: no re-solve of the model on a plain step (it costs more than the rest)
-        predicted = self.time_model.predict_unsolved(x)
         interval = None  # wall time since the previous decode commit, when consecutive
         if self._last_commit is not None and self._last_commit[0] == step_index - 1:
             interval = now - self._last_commit[1]
@@ -206,11 +203,12 @@ class AdaptiveController:
         self.last = {
             "bs": len(reqs),
             "sum_d": sum_d,
-            "predicted_s": predicted,
+            "x": x,  # the step's features: its predicted time is computed when reported
             "measured_s": measured,
             "forward_s": forward_time_s,
         }
-        if debug:
+        if logger.isEnabledFor(logging.DEBUG):
+            predicted = self.time_model.predict_unsolved(x)
             logger.debug(
                 "spec step: bs=%d sum_d=%d predicted=%.3fms measured=%.3fms forward=%.3fms "
                 "overhead=%.3fms accept_len=%.2f",
@@ -224,11 +222,17 @@ class AdaptiveController:
             )
 
     # ---------------------------------------------------------------- report
+    def _last_predicted(self) -> float:
+        """The model's time for the last observed step (seconds; 0 before any step), with the
+        coefficients of the last solve (not re-solved for a report)."""
+        x = self.last["x"]
+        return 0.0 if x is None else self.time_model.predict_unsolved(x)
+
     def info(self) -> dict:
         """Server-info keys (for /get_server_info and the /metrics gauges)."""
         return {
             "spec_adaptive_policy": self.policy.name,
-            "spec_predicted_step_time_s": self.last["predicted_s"],
+            "spec_predicted_step_time_s": self._last_predicted(),
             "spec_measured_step_time_s": self.last["measured_s"],
             "spec_forward_time_s": self.last["forward_s"],
             "spec_step_overhead_s": self.overhead_s,

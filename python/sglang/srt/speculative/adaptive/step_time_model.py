@@ -136,6 +136,7 @@ class StepTimeModel:
         n = len(FEATURES)
         self.gram = np.zeros((n, n))  # discounted sum of z z^T
         self.moment = np.zeros(n)  # discounted sum of z * y
+        self._rows: list[tuple[np.ndarray, float]] = []  # (x [F], seconds) not yet folded
         self._dirty = False
 
     def coefficients(self) -> dict[str, float]:
@@ -157,22 +158,36 @@ class StepTimeModel:
     def update(self, x: np.ndarray, measured_s: float) -> None:
         """Correct the model with one measured step (x: [F], measured_s: seconds). A
         measurement is clipped to [1/3, 3] x the current prediction so one stall cannot wreck
-        it. Accumulates (a few microseconds) and re-solves the coefficients when they are next
-        read or every SOLVE_EVERY updates (the clip uses the last solve), so steps nobody
-        predicts for (reused all-zero choices, the fixed and tiers baselines) stay cheap."""
+        it. Buffers the measurement (a list append) and folds the buffer into the statistics
+        and re-solves the coefficients when they are next read or every SOLVE_EVERY updates
+        (the clip uses the last solve), so steps nobody predicts for (reused all-zero choices,
+        the fixed and tiers baselines) stay cheap."""
         if not self.online or not measured_s > 0:
             return
-        z = x / _SCALES
-        pred = self.predict_unsolved(x)
-        y = min(max(measured_s, pred / 3.0), pred * 3.0)
-        self.gram = self.gram * self.decay + np.outer(z, z)
-        self.moment = self.moment * self.decay + z * y
+        self._rows.append((x, measured_s))  # folded in batches: a list append per step
         self.num_updates += 1
         self._dirty = True
-        if self.num_updates % SOLVE_EVERY == 0:  # bounded staleness when nothing reads it
+        if len(self._rows) >= SOLVE_EVERY:  # bounded staleness when nothing reads it
             self._solve()
 
+    def _fold(self) -> None:
+        """Add the buffered measurements to the statistics, as update() one at a time would:
+        the same clip against the last solve (no solve happens in between) and the same
+        decay (row i of m weighs decay ** (m - 1 - i))."""
+        if not self._rows:
+            return
+        z = np.stack([x for x, _ in self._rows]) / _SCALES  # [m, F]
+        y = np.array([t for _, t in self._rows])  # [m]
+        pred = np.maximum(z @ self.theta, 1e-6)
+        y = np.minimum(np.maximum(y, pred / 3.0), pred * 3.0)
+        m = len(y)
+        w = self.decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
+        self.gram = self.gram * self.decay**m + (z * w[:, None]).T @ z
+        self.moment = self.moment * self.decay**m + (w * y) @ z
+        self._rows.clear()
+
     def _solve(self) -> None:
+        self._fold()
         if self._dirty:  # every feature costs time: never negative
             self.theta = _ridge_nonneg(self.gram, self.moment, self.prior, self.prior_weight)
             self._dirty = False
