@@ -1,5 +1,5 @@
-"""The Triton GEMV (layers/triton_kernels/gemv.py) against F.linear, and its opt-in dispatch in
-the linear layers and the lm_head (SGLANG_TRITON_GEMV=1).
+"""The Triton GEMV (layers/triton_kernels/gemv.py) against F.linear, and its dispatch in
+the linear layers and the lm_head (on by default on CUDA; SGLANG_TRITON_GEMV=0 turns it off).
 
 Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
 set before triton is imported), so the shapes stay small; with CUDA the same tests run
@@ -144,14 +144,16 @@ def test_gate_conditions() -> None:
     assert not triton_kernels.gemv_applies(torch.randn(1, 32, dtype=bf), w.t().contiguous().t())
     assert not triton_kernels.gemv_applies(torch.randn(1, 31, dtype=bf), w)
     x = torch.randn(1, 32, dtype=bf)
-    assert not triton_kernels.use_triton_gemv(x, w)  # flag off (the default)
+    assert not triton_kernels.use_triton_gemv(x, w)  # flag off (the autouse fixture)
 
 
 def test_flag_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv("SGLANG_TRITON_GEMV", raising=False)
     monkeypatch.delenv("SGLANG_DISABLE_TRITON_KERNELS", raising=False)
-    assert not triton_kernels._triton_gemv_enabled()
+    assert triton_kernels._triton_gemv_enabled()  # on by default
     monkeypatch.setenv("SGLANG_TRITON_GEMV", "0")
+    assert not triton_kernels._triton_gemv_enabled()
+    monkeypatch.setenv("SGLANG_TRITON_GEMV", "off")
     assert not triton_kernels._triton_gemv_enabled()
     monkeypatch.setenv("SGLANG_TRITON_GEMV", "1")
     assert triton_kernels._triton_gemv_enabled()
