@@ -64,30 +64,54 @@ def check_logprob_params(
     return start
 
 
-def prompt_too_long_message(prompt_len: int, context_len: int) -> str:
-    """The one wording of "prompt longer than the context" (/generate and both OpenAI routes)."""
+def max_prompt_len(context_len: int, max_total_tokens: int | None) -> int:
+    """The longest prompt (tokens) a request may have; the one rule of the HTTP-side check
+    (check_prompt_length) and Scheduler.add_request, so they cannot drift apart.
+
+    A prompt must leave one token of the context for the output, and the KV cache of
+    max_total_tokens slots (None: not known yet, no limit) must hold it with two slots to spare
+    for the output (the scheduler's rule since the engine skeleton: prompt_len <
+    min(context_len, max_total_tokens - 1))."""
+    longest = context_len - 1
+    if max_total_tokens is not None:
+        longest = min(longest, max_total_tokens - 2)
+    return longest
+
+
+def prompt_too_long_message(
+    prompt_len: int, context_len: int, max_total_tokens: int | None = None
+) -> str:
+    """The one wording of "prompt too long" (/generate, both OpenAI routes, scheduler aborts):
+    it names the context length, or the KV cache when that is the tighter limit."""
+    if prompt_len >= context_len or max_total_tokens is None:
+        return (
+            f"The prompt is too long: {prompt_len} tokens, but the model's context length is "
+            f"{context_len} tokens and at least one token must remain for the output."
+        )
     return (
-        f"The prompt is too long: {prompt_len} tokens, but the model's context length is "
-        f"{context_len} tokens and at least one token must remain for the output."
+        f"The prompt is too long: {prompt_len} tokens, but the KV cache of this server holds "
+        f"{max_total_tokens} tokens and a prompt may use at most "
+        f"{max_prompt_len(context_len, max_total_tokens)} of them."
     )
+
+
+def check_prompt_fits(prompt_len: int, context_len: int, max_total_tokens: int | None) -> None:
+    """Raise ContextLengthError (param "prompt") when prompt_len > max_prompt_len(...)."""
+    if prompt_len > max_prompt_len(context_len, max_total_tokens):
+        raise ContextLengthError(
+            prompt_too_long_message(prompt_len, context_len, max_total_tokens), "prompt"
+        )
 
 
 def check_prompt_length(
     prompt_len: int, sp: SamplingParams, context_len: int, max_total_tokens: int | None
 ) -> None:
-    """Refuse prompts that cannot fit: upstream's 'longer than the model's context length'.
+    """Refuse prompts that cannot fit (check_prompt_fits) and output budgets beyond the context.
     Raises ContextLengthError."""
-    if prompt_len >= context_len:
-        raise ContextLengthError(prompt_too_long_message(prompt_len, context_len), "prompt")
+    check_prompt_fits(prompt_len, context_len, max_total_tokens)
     if prompt_len + sp.max_new_tokens > context_len:
         raise ContextLengthError(
             f"Requested token count exceeds the model's maximum context length of {context_len} "
             f"tokens: {prompt_len} prompt tokens + max_new_tokens {sp.max_new_tokens}.",
             "max_new_tokens",
-        )
-    if max_total_tokens is not None and prompt_len >= max_total_tokens:
-        raise ContextLengthError(
-            f"The prompt is too long: {prompt_len} tokens, but the KV cache of this server "
-            f"holds {max_total_tokens} tokens.",
-            "prompt",
         )

@@ -26,7 +26,7 @@ from sglang.srt.entrypoints.openai.errors import (
 )
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest, SamplingFields
 from sglang.srt.managers.io_struct import GenerateReqInput, new_rid
-from sglang.srt.managers.request_validation import prompt_too_long_message
+from sglang.srt.managers.request_validation import ContextLengthError, check_prompt_fits
 
 DISCONNECT_POLL_S = 0.25
 
@@ -191,15 +191,15 @@ def check_model(tm: Any, model: str) -> None:
 
 
 def check_max_tokens(tm: Any, max_tokens: int | None, prompt_len: int | None, param: str) -> None:
-    """400 when max_tokens (plus the prompt, when known) exceeds the context length."""
+    """400 when the prompt (when known; blamed on `param`) cannot fit (the engine's rule and
+    wording, request_validation.check_prompt_fits), or when max_tokens (plus the prompt, when
+    known) exceeds the context length."""
     ctx = tm.model_config.context_len
-    if prompt_len is not None and prompt_len >= ctx:
-        raise OpenAIError(
-            prompt_too_long_message(prompt_len, ctx),
-            400,
-            param=param,
-            code="context_length_exceeded",
-        )
+    if prompt_len is not None:
+        try:
+            check_prompt_fits(prompt_len, ctx, getattr(tm, "max_total_num_tokens", None))
+        except ContextLengthError as e:
+            raise OpenAIError(str(e), 400, param=param, code=e.code) from None
     if max_tokens is not None and max_tokens + (prompt_len or 0) > ctx:
         prompt = f" (+ {prompt_len} prompt tokens)" if prompt_len is not None else ""
         raise OpenAIError(

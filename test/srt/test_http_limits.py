@@ -1,0 +1,93 @@
+"""Request limits that every route must apply alike, against conftest.py's limits_server (tiny
+Llama on CPU, context 2048, KV cache 2048 tokens, 2 running, 4 queued): the longest prompt
+(the HTTP check and the scheduler share one rule). Every refusal is a 400 with an OpenAI error
+body naming the field, and the server keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from test_http_errors import _assert_openai_error, _send, comp
+from test_http_server import ServerProcess
+
+from sglang.srt.managers.request_validation import max_prompt_len, prompt_too_long_message
+from sglang.test.scheduler_utils import collect, make_scheduler, run_until_idle, submit
+
+CHAT, COMP, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
+CTX = KV = 2048  # the tiny model's context; limits_server's --max-total-tokens
+LONGEST = 2046  # KV - 2: the scheduler's rule (prompt_len < min(CTX, KV - 1))
+
+
+@pytest.fixture
+def server(limits_server):
+    return limits_server
+
+
+def _served(r: requests.Response) -> None:
+    assert r.status_code == 200, r.text
+
+
+def _healthy(server: ServerProcess) -> None:
+    r = _send(server, GEN, {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2, r.text
+
+
+# ---- longest prompt --------------------------------------------------------------------------
+def test_max_prompt_len_is_the_schedulers_rule():
+    assert max_prompt_len(CTX, KV) == LONGEST
+    assert max_prompt_len(2048, None) == max_prompt_len(2048, 10**6) == 2047  # context binds
+    assert max_prompt_len(2048, 1000) == 998
+
+
+def test_prompt_length_boundary_over_http(server):
+    """LONGEST + 1 tokens passed the HTTP check (< context, < KV) and the scheduler then
+    aborted it with a 200; now it is a 400 on every route, and LONGEST tokens are served."""
+    too_long = [1] * (LONGEST + 1)
+    want = (
+        f"The prompt is too long: {LONGEST + 1} tokens, but the KV cache of this server holds "
+        f"{KV} tokens and a prompt may use at most {LONGEST} of them."
+    )
+    assert prompt_too_long_message(LONGEST + 1, CTX, KV) == want
+    for path, body in [
+        (GEN, {"input_ids": too_long}),
+        (GEN, {"input_ids": too_long, "stream": True}),
+        (COMP, comp(prompt=too_long, max_tokens=1)),
+        (COMP, comp(prompt=too_long, max_tokens=1, stream=True)),
+    ]:
+        err = _assert_openai_error(_send(server, path, body), 400, "prompt is too long")
+        assert err == {
+            "message": want,
+            "type": "invalid_request_error",
+            "param": "prompt",
+            "code": "context_length_exceeded",
+        }
+    r = _send(server, GEN, {"input_ids": [1] * LONGEST, "sampling_params": {"max_new_tokens": 1}})
+    _served(r)
+    meta = r.json()["meta_info"]
+    assert meta["prompt_tokens"] == LONGEST and meta["finish_reason"]["type"] == "length"
+    r = _send(server, COMP, comp(prompt=[1] * LONGEST, max_tokens=1))
+    _served(r)
+    assert r.json()["usage"]["prompt_tokens"] == LONGEST
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    _healthy(server)
+
+
+def test_prompt_length_boundary_in_the_scheduler(tiny_model_dir):
+    """The scheduler (reached without the tokenizer manager's check) applies the same rule and
+    wording: a KV cache of 64 tokens takes prompts of up to 62."""
+    sched = make_scheduler(tiny_model_dir, device="cpu", max_total_tokens=64)
+    longest = max_prompt_len(sched.model_config.context_len, 64)
+    assert longest == 62
+    submit(sched, "fits", [1] * longest, {"max_new_tokens": 1})
+    submit(sched, "too-long", [1] * (longest + 1), {"max_new_tokens": 1})
+    outputs: dict[str, dict] = {}
+    collect(sched, outputs)
+    run_until_idle(sched, outputs)
+    assert outputs["too-long"]["finish"] == {
+        "type": "abort",
+        "matched": None,
+        "message": prompt_too_long_message(longest + 1, sched.model_config.context_len, 64),
+    }
+    assert outputs["too-long"]["output_ids"] == []
+    assert outputs["fits"]["finish"]["type"] == "length"
+    assert len(outputs["fits"]["output_ids"]) == 1
