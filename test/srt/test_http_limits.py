@@ -1,13 +1,15 @@
 """Request limits that every route must apply alike, against conftest.py's limits_server (tiny
 Llama on CPU, context 2048, KV cache 2048 tokens, 2 running, 4 queued): the longest prompt
-(the HTTP check and the scheduler share one rule). Every refusal is a 400 with an OpenAI error
-body naming the field, and the server keeps serving."""
+(the HTTP check and the scheduler share one rule) and the max_tokens wording. Every refusal is
+a 400 with an OpenAI error body naming the field, and the server keeps serving."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import requests
-from test_http_errors import _assert_openai_error, _send, comp
+from test_http_errors import _assert_openai_error, _send, chat, comp
 from test_http_server import ServerProcess
 
 from sglang.srt.managers.request_validation import max_prompt_len, prompt_too_long_message
@@ -91,3 +93,32 @@ def test_prompt_length_boundary_in_the_scheduler(tiny_model_dir):
     assert outputs["too-long"]["output_ids"] == []
     assert outputs["fits"]["finish"]["type"] == "length"
     assert len(outputs["fits"]["output_ids"]) == 1
+
+
+# ---- max_tokens too large --------------------------------------------------------------------
+def test_max_tokens_too_large_same_wording_on_every_route(server):
+    """One wording (request_validation.max_tokens_too_large_message), naming the route's field:
+    max_new_tokens on /generate, max_tokens / max_completion_tokens on the OpenAI routes."""
+    ids = [1] * 10
+    cases = [
+        (GEN, {"input_ids": ids, "sampling_params": {"max_new_tokens": 2040}}, "max_new_tokens"),
+        (
+            GEN,
+            {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": 2040}},
+            "max_new_tokens",
+        ),
+        (COMP, comp(prompt=ids, max_tokens=2040), "max_tokens"),
+        (COMP, comp(prompt="hi " * 20, max_tokens=2040, stream=True), "max_tokens"),
+        (CHAT, chat(max_tokens=2040), "max_tokens"),
+        (CHAT, chat(max_completion_tokens=2040, stream=True), "max_completion_tokens"),
+    ]
+    for path, body, field in cases:
+        err = _assert_openai_error(_send(server, path, body), 400, "too large")
+        m = re.fullmatch(
+            rf"{field} is too large: 2040 \(\+ (\d+) prompt tokens\) exceeds the model's "
+            r"context length of 2048 tokens\.",
+            err["message"],
+        )
+        assert m and int(m.group(1)) > 8, (path, err)
+        assert err["param"] == field and err["code"] == "context_length_exceeded", (path, err)
+    _healthy(server)

@@ -103,15 +103,49 @@ def check_prompt_fits(prompt_len: int, context_len: int, max_total_tokens: int |
         )
 
 
+def max_tokens_too_large_message(
+    field: str, max_new_tokens: int, prompt_len: int | None, context_len: int
+) -> str:
+    """The one wording of "output budget beyond the context" on every route; `field` is the
+    route's name for it (max_new_tokens on /generate, max_tokens or max_completion_tokens on the
+    OpenAI routes); prompt_len None: the prompt is not tokenised yet."""
+    prompt = f" (+ {prompt_len} prompt tokens)" if prompt_len is not None else ""
+    return (
+        f"{field} is too large: {max_new_tokens}{prompt} exceeds the model's context length of "
+        f"{context_len} tokens."
+    )
+
+
+class MaxTokensError(ContextLengthError):
+    """max_new_tokens (+ the prompt) exceeds the context length; `for_field` renames the field
+    for the route that received the request (param and message)."""
+
+    def __init__(
+        self, max_new_tokens: int, prompt_len: int | None, context_len: int, field: str
+    ) -> None:
+        msg = max_tokens_too_large_message(field, max_new_tokens, prompt_len, context_len)
+        super().__init__(msg, field)
+        self.max_new_tokens = max_new_tokens
+        self.prompt_len = prompt_len
+        self.context_len = context_len
+
+    def for_field(self, field: str) -> MaxTokensError:
+        return MaxTokensError(self.max_new_tokens, self.prompt_len, self.context_len, field)
+
+
+def check_max_new_tokens(
+    max_new_tokens: int | None, prompt_len: int | None, context_len: int, field: str
+) -> None:
+    """Raise MaxTokensError naming `field` when max_new_tokens (+ prompt_len when known) exceeds
+    context_len; None (unset) passes."""
+    if max_new_tokens is not None and max_new_tokens + (prompt_len or 0) > context_len:
+        raise MaxTokensError(max_new_tokens, prompt_len, context_len, field)
+
+
 def check_prompt_length(
     prompt_len: int, sp: SamplingParams, context_len: int, max_total_tokens: int | None
 ) -> None:
-    """Refuse prompts that cannot fit (check_prompt_fits) and output budgets beyond the context.
-    Raises ContextLengthError."""
+    """Refuse prompts that cannot fit (check_prompt_fits) and output budgets beyond the context
+    (check_max_new_tokens). Raises ContextLengthError."""
     check_prompt_fits(prompt_len, context_len, max_total_tokens)
-    if prompt_len + sp.max_new_tokens > context_len:
-        raise ContextLengthError(
-            f"Requested token count exceeds the model's maximum context length of {context_len} "
-            f"tokens: {prompt_len} prompt tokens + max_new_tokens {sp.max_new_tokens}.",
-            "max_new_tokens",
-        )
+    check_max_new_tokens(sp.max_new_tokens, prompt_len, context_len, "max_new_tokens")

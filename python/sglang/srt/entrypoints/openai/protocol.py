@@ -285,5 +285,9 @@ class ChatCompletionRequest(SamplingFields):
             else (self.max_tokens)
         )
 
+    def max_tokens_field(self) -> str:
+        """The field max_new_tokens() came from (errors name it)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
 
 FinishReason = Literal["stop", "length", "abort"] | None
