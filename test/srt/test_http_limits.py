@@ -1,7 +1,7 @@
 """Request limits that every route must apply alike, against conftest.py's limits_server (tiny
 Llama on CPU, context 2048, KV cache 2048 tokens, 2 running, 4 queued): the longest prompt
-(the HTTP check and the scheduler share one rule) and the max_tokens wording. Every refusal is
-a 400 with an OpenAI error body naming the field, and the server keeps serving."""
+(the HTTP check and the scheduler share one rule), n and the max_tokens wording. Every refusal
+is a 400 with an OpenAI error body naming the field, and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -93,6 +93,22 @@ def test_prompt_length_boundary_in_the_scheduler(tiny_model_dir):
     assert outputs["too-long"]["output_ids"] == []
     assert outputs["fits"]["finish"]["type"] == "length"
     assert len(outputs["fits"]["output_ids"]) == 1
+
+
+# ---- n ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [129, 10**9, 0])
+def test_n_capped_alike_on_every_route(server, n):
+    """/generate had no cap on n (10**9 copies of the request); all routes now say the same."""
+    want = f"n must be an integer in [1, 128], got {n}"
+    for path, body in [
+        (GEN, {"text": "hi", "sampling_params": {"max_new_tokens": 1, "n": n}}),
+        (GEN, {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 1, "n": n}}),
+        (CHAT, chat(n=n)),
+        (COMP, comp(n=n)),
+    ]:
+        err = _assert_openai_error(_send(server, path, body), 400, want)
+        assert err["message"] == want and err["param"] == "n", (path, err)
+    _healthy(server)
 
 
 # ---- max_tokens too large --------------------------------------------------------------------

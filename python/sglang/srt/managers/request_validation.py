@@ -9,6 +9,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams, json_text
 # Most top logprobs a request may ask for per token: OpenAI's cap on top_logprobs (chat) and
 # logprobs (completions); /generate's top_logprobs_num has the same one.
 MAX_TOP_LOGPROBS = 20
+# Most completions (choices) one request may ask for: n on every route.
+MAX_N = 128
 
 
 def build_sampling_params(raw: dict | None, tokenizer, model_config: ModelConfig) -> SamplingParams:
@@ -149,3 +151,12 @@ def check_prompt_length(
     (check_max_new_tokens). Raises ContextLengthError."""
     check_prompt_fits(prompt_len, context_len, max_total_tokens)
     check_max_new_tokens(sp.max_new_tokens, prompt_len, context_len, "max_new_tokens")
+
+
+def check_n(n: object) -> int:
+    """/generate's sampling_params.n and the OpenAI routes' n: an integer in [1, MAX_N] (the
+    OpenAI routes' cap, which also bounds how many copies one request fans out to). Returns n;
+    raises ValueError naming n."""
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise ValueError(f"n must be an integer in [1, {MAX_N}], got {json_text(n)}")
+    return n

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from sglang.srt.managers.request_validation import MAX_TOP_LOGPROBS
+from sglang.srt.managers.request_validation import MAX_N, MAX_TOP_LOGPROBS, check_n
 from sglang.srt.sampling.sampling_params import json_text
 
 _ALLOWED_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -110,7 +110,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = "default"
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1, le=MAX_N)  # checked by check_n, as /generate's n
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -140,6 +140,11 @@ class SamplingFields(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _strict_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        if info.field_name == "n":  # /generate's rule and wording
+            try:
+                return check_n(v)
+            except ValueError as e:
+                raise PydanticCustomError("n_range", str(e)) from None
         return _strict_number(cls, v, info)
 
     @field_validator("stop")
