@@ -1,7 +1,7 @@
 """Request limits that every route must apply alike, against conftest.py's limits_server (tiny
 Llama on CPU, context 2048, KV cache 2048 tokens, 2 running, 4 queued): the longest prompt
-(the HTTP check and the scheduler share one rule), n and the max_tokens wording. Every refusal
-is a 400 with an OpenAI error body naming the field, and the server keeps serving."""
+(the HTTP check and the scheduler share one rule), n, logit_bias and the max_tokens wording.
+Every refusal is a 400 with an OpenAI error body naming the field, and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -109,6 +109,50 @@ def test_n_capped_alike_on_every_route(server, n):
         err = _assert_openai_error(_send(server, path, body), 400, want)
         assert err["message"] == want and err["param"] == "n", (path, err)
     _healthy(server)
+
+
+# ---- logit_bias ------------------------------------------------------------------------------
+BAD_BIAS = [  # (raw logit_bias JSON, what the message must say)
+    ('{"5": 101}', 'logit_bias["5"] must be a number in [-100, 100], got 101'),
+    ('{"5": -100.5}', 'logit_bias["5"] must be a number in [-100, 100], got -100.5'),
+    ('{"5": 1e400}', 'logit_bias["5"] must be a number in [-100, 100], got Infinity'),
+    ('{"5": NaN}', 'logit_bias["5"] must be a number in [-100, 100], got NaN'),
+    ('{"5": "high"}', 'logit_bias["5"] must be a number in [-100, 100], got "high"'),
+    ('{"5": true}', 'logit_bias["5"] must be a number in [-100, 100], got true'),
+    ('{"5": null}', 'logit_bias["5"] must be a number in [-100, 100], got null'),
+    ('{"five": 1}', 'logit_bias key "five" is not a token id'),
+    ('{"5.0": 1}', 'logit_bias key "5.0" is not a token id'),
+    ('{"99999999": 1}', "logit_bias='99999999': outside vocab [0, "),
+    ('{"-1": 1}', "logit_bias='-1': outside vocab [0, "),
+    ("[5]", "logit_bias must be a dict of token id -> float, got [5]"),
+]
+
+
+@pytest.mark.parametrize("bias,needle", BAD_BIAS, ids=[str(i) for i in range(len(BAD_BIAS))])
+def test_logit_bias_checked_on_every_route(server, bias, needle):
+    bodies = [
+        (GEN, '{"text": "hi", "sampling_params": {"max_new_tokens": 1, "logit_bias": %s}}'),
+        (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "logit_bias": %s}'),
+        (COMP, '{"prompt": "hi", "max_tokens": 1, "logit_bias": %s}'),
+    ]
+    for path, body in bodies:
+        r = _send(server, path, (body % bias).encode())
+        if path != GEN and bias == "[5]":  # pydantic's own type error, naming the field
+            assert _assert_openai_error(r, 400, "logit_bias")["param"] == "logit_bias"
+            continue
+        err = _assert_openai_error(r, 400, needle)
+        assert err["param"] == "logit_bias", (path, err)
+
+
+def test_logit_bias_at_the_limits_is_applied(server):
+    """+-100 are accepted, and +100 on one token makes greedy decoding pick it every step."""
+    sp = {"max_new_tokens": 4, "temperature": 0, "logit_bias": {"42": 100, "43": -100}}
+    r = _send(server, GEN, {"text": "hi", "sampling_params": sp})
+    _served(r)
+    assert r.json()["output_ids"] == [42] * 4
+    r = _send(server, COMP, comp(max_tokens=3, temperature=0, logit_bias={"42": 100.0}))
+    _served(r)
+    assert r.json()["usage"]["completion_tokens"] == 3
 
 
 # ---- max_tokens too large --------------------------------------------------------------------

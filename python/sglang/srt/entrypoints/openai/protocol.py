@@ -119,7 +119,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Any] | None = None  # token id -> bias: checked by the engine
     user: str | None = None
     # SGLang extensions (openai's extra_body)
     top_k: int | None = Field(None, ge=-1)
