@@ -1,16 +1,20 @@
 """Request limits that every route must apply alike, against conftest.py's limits_server (tiny
 Llama on CPU, context 2048, KV cache 2048 tokens, 2 running, 4 queued): the longest prompt
-(the HTTP check and the scheduler share one rule), n, logit_bias and the max_tokens wording.
-Every refusal is a 400 with an OpenAI error body naming the field, and the server keeps serving."""
+(the HTTP check and the scheduler share one rule), n, logit_bias and the max_tokens wording,
+and a /generate stream whose client leaves before its first chunk. Every refusal is a 400 with
+an OpenAI error body naming the field, and the server keeps serving."""
 
 from __future__ import annotations
 
+import json
 import re
+import socket
+import time
 
 import pytest
 import requests
 from test_http_errors import _assert_openai_error, _send, chat, comp
-from test_http_server import ServerProcess
+from test_http_server import ServerProcess, sse_events
 
 from sglang.srt.managers.request_validation import max_prompt_len, prompt_too_long_message
 from sglang.test.scheduler_utils import collect, make_scheduler, run_until_idle, submit
@@ -182,3 +186,62 @@ def test_max_tokens_too_large_same_wording_on_every_route(server):
         assert m and int(m.group(1)) > 8, (path, err)
         assert err["param"] == field and err["code"] == "context_length_exceeded", (path, err)
     _healthy(server)
+
+
+# ---- client gone before the first chunk ------------------------------------------------------
+def _wait_for(server: ServerProcess, ok, timeout_s: float = 10.0) -> dict:
+    deadline = time.time() + timeout_s
+    while True:
+        state = server.internal_state()
+        if ok(state):
+            return state
+        if time.time() > deadline:
+            raise AssertionError(f"timed out; server state: {state}")
+        time.sleep(0.05)
+
+
+def _open_busy_stream(server: ServerProcess, rid: str) -> requests.Response:
+    sp = {"max_new_tokens": 900, "temperature": 0.0, "ignore_eos": True}
+    body = {"text": "Tell me a very long story.", "stream": True, "rid": rid, "sampling_params": sp}
+    resp = requests.post(
+        server.base_url + GEN, json=body, headers=server.headers, stream=True, timeout=60
+    )
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def test_stream_client_gone_before_first_chunk_is_a_clean_abort(server):
+    """The 2 running slots are busy, so a third stream waits in the queue without a first chunk;
+    its client leaves. It used to log two tracebacks (the route did not catch ClientGone); now
+    it is aborted quietly, the busy requests keep running, and no KV leaks."""
+    log_start = len(server.log_text())
+    busy = [_open_busy_stream(server, f"busy-{i}") for i in range(2)]
+    body = json.dumps({"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 4}})
+    head = (
+        f"POST {GEN} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: {server.headers['Authorization']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head.encode() + body.encode())
+        _wait_for(server, lambda s: s["num_waiting_reqs"] == 1 and s["num_running_reqs"] == 2)
+    # the client is gone: the queued request leaves the queue while the busy ones run on
+    state = _wait_for(server, lambda s: s["num_waiting_reqs"] == 0)
+    assert state["num_running_reqs"] == 2
+    for i, resp in enumerate(busy):
+        assert _send(server, "/abort_request", {"rid": f"busy-{i}"}).status_code == 200
+        events = sse_events(resp)
+        assert events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["type"] in (
+            "abort",
+            "length",
+        )
+    _wait_for(
+        server,
+        lambda s: (
+            s["num_running_reqs"] == 0
+            and s["kv_available_tokens"] + s["radix_cache_tokens"] == s["kv_pool_size"]
+        ),
+    )
+    _healthy(server)
+    log = server.log_text()[log_start:]
+    assert "Traceback" not in log and "internal error" not in log, log[-3000:]
