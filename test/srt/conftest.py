@@ -15,3 +15,28 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from sglang.test.tiny_models import make_tiny_model_dir
 
     return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_llama")))
+
+
+LIMITS_API_KEY = "sk-test-key"
+
+
+@pytest.fixture(scope="session")
+def limits_server(tiny_model_dir):
+    """The tiny Llama served with small limits, shared by test_http_errors.py and
+    test_http_limits.py (one server for both): API key LIMITS_API_KEY, 2 running and 4 queued
+    requests, and a KV cache of 2048 tokens, the model's context length, so that the KV cache
+    is the tighter limit on prompts (longest prompt 2046 tokens, not 2047)."""
+    from test_http_server import ServerProcess
+
+    srv = ServerProcess(
+        tiny_model_dir,
+        "--max-queued-requests",
+        "4",
+        "--max-running-requests",
+        "2",
+        "--max-total-tokens",
+        "2048",
+        api_key=LIMITS_API_KEY,
+    )
+    yield srv
+    srv.stop()

@@ -262,6 +262,38 @@ def test_config_parsing_and_validation(tmp_path):
     }
 
 
+@pytest.mark.parametrize(
+    "text, key, shown",
+    [
+        ('{"hysteresis": NaN}', "hysteresis", "NaN"),  # NaN fails every < > comparison
+        ('{"initial_accept": NaN}', "initial_accept", "NaN"),
+        ('{"prior_strength": Infinity}', "prior_strength", "Infinity"),
+        ('{"server_prior_count": -Infinity}', "server_prior_count", "-Infinity"),
+        ('{"time_model": {"const": Infinity}}', "time_model.const", "Infinity"),  # hi is inf
+        ('{"time_model": {"const": 1e999}}', "time_model.const", "Infinity"),  # overflows
+        pytest.param(
+            '{"time_model": {"const": 1' + "0" * 400 + "}}",
+            "time_model.const",
+            "1" + "0" * 400,
+            id="int-beyond-float",
+        ),
+    ],
+)
+def test_config_rejects_non_finite_numbers(text, key, shown):
+    """Python's json accepts NaN / Infinity; the config must not (found by review)."""
+    msg = f"--speculative-adaptive-config: '{key}' must be a finite number, got {shown}$"
+    with pytest.raises(ValueError, match=msg):
+        parse_adaptive_config(text)
+    a = ServerArgs(  # and start-up (server-args resolution) fails the same way
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/x",
+        speculative_adaptive=True,
+        speculative_adaptive_config=text,
+    )
+    with pytest.raises(ValueError, match=msg):
+        resolve_speculative_args(a, bundled=False)
+
+
 def test_server_args_validation():
     a = ServerArgs(
         speculative_algorithm="EAGLE3",

@@ -12,7 +12,6 @@ import pytest
 import requests
 from test_http_server import ServerProcess
 
-KEY = "sk-test-key"
 CHAT, COMP, GEN = "/v1/chat/completions", "/v1/completions", "/generate"
 MSG = [{"role": "user", "content": "hi"}]
 LONG_TEXT = "word " * 2500  # > 2048-token context of the tiny model
@@ -203,13 +202,10 @@ def test_prompt_too_long_same_wording_on_every_route(server):
         assert err["code"] == "context_length_exceeded"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    srv = ServerProcess(
-        tiny_model_dir, "--max-queued-requests", "4", "--max-running-requests", "2", api_key=KEY
-    )
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(limits_server):
+    """conftest.py's limits_server: 2 running, 4 queued, a 2048-token KV cache, an API key."""
+    return limits_server
 
 
 def _send(server: ServerProcess, path: str, body: dict | bytes) -> requests.Response:

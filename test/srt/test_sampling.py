@@ -42,6 +42,12 @@ def _req(seed: int = 0, output_ids: list[int] | None = None, **params) -> FakeRe
         ({"stop_token_ids": [1, "2"]}, "stop_token_ids"),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"logit_bias": {"3": "x"}}, "logit_bias"),
+        ({"logit_bias": {"3": 100.5}}, 'logit_bias["3"] must be a number in [-100, 100]'),
+        ({"logit_bias": {"3": -101}}, 'logit_bias["3"] must be a number in [-100, 100]'),
+        ({"logit_bias": {"3": float("nan")}}, "got NaN"),
+        ({"logit_bias": {"3": True}}, "got true"),
+        ({"logit_bias": {"5_0": 1}}, 'logit_bias key "5_0" is not a token id'),  # int() takes it
+        ({"logit_bias": {" 5": 1}}, 'logit_bias key " 5" is not a token id'),
         ({"sampling_seed": 1.0}, "sampling_seed"),
         ({"json_schema": "{}"}, "json_schema"),
         ({"regex": "a+"}, "regex"),
@@ -75,6 +81,7 @@ def test_from_dict_rejects_bad_keys_and_types(params: dict, name: str) -> None:
         ({"stop_token_ids": [1, 100]}, "stop_token_ids", "100"),
         ({"stop_token_ids": [-1]}, "stop_token_ids", "-1"),
         ({"logit_bias": {"100": 1.0}}, "logit_bias", "100"),
+        ({"logit_bias": {"-1": 1.0}}, "logit_bias", "-1"),
         ({"max_draft_tokens": -1}, "max_draft_tokens", "-1"),
     ],
 )
@@ -102,6 +109,13 @@ def test_type_errors_quote_the_range(params: dict, message: str) -> None:
     with pytest.raises(ValueError) as err:
         SamplingParams.from_dict(params)
     assert message in str(err.value) and "float" not in str(err.value)
+
+
+def test_verify_checks_logit_bias_values_of_direct_construction() -> None:
+    """SamplingParams built without from_dict (Engine callers) get the same range check."""
+    with pytest.raises(ValueError, match=r'logit_bias\["7"\] must be a number in \[-100, 100\]'):
+        SamplingParams(logit_bias={"7": 1e9}).verify(100)
+    SamplingParams(logit_bias={7: -100, "8": 100.0}).verify(100)
 
 
 def test_defaults_and_valid_params_pass() -> None:

@@ -190,9 +190,8 @@ def _add_native_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
         obj = parse_generate_body(await raw.body())
         if server_args.log_requests:
             logger.info("generate request: %s", obj)
-        if obj.stream:
-            stream = await open_stream(tm, obj, raw)
-            return StreamingResponse(sse_frames(stream), media_type="text/event-stream")
+        if obj.stream:  # guarded too: a client gone before the first output is no error
+            return await _guard(_generate_stream(tm, obj, raw))
         return await _guard(_generate_json(tm, obj, raw))
 
     @app.get("/health")
@@ -249,6 +248,11 @@ def _add_native_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
 
 async def _generate_json(tm: Any, obj: GenerateReqInput, raw: Request) -> Response:
     return OrjsonResponse(await generate_once(tm, obj, raw))
+
+
+async def _generate_stream(tm: Any, obj: GenerateReqInput, raw: Request) -> Response:
+    stream = await open_stream(tm, obj, raw)  # ClientGone: aborted, and _guard answers 499
+    return StreamingResponse(sse_frames(stream), media_type="text/event-stream")
 
 
 def _version() -> str:

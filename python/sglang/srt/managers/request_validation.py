@@ -9,6 +9,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams, json_text
 # Most top logprobs a request may ask for per token: OpenAI's cap on top_logprobs (chat) and
 # logprobs (completions); /generate's top_logprobs_num has the same one.
 MAX_TOP_LOGPROBS = 20
+# Most completions (choices) one request may ask for: n on every route.
+MAX_N = 128
 
 
 def build_sampling_params(raw: dict | None, tokenizer, model_config: ModelConfig) -> SamplingParams:
@@ -64,30 +66,97 @@ def check_logprob_params(
     return start
 
 
-def prompt_too_long_message(prompt_len: int, context_len: int) -> str:
-    """The one wording of "prompt longer than the context" (/generate and both OpenAI routes)."""
+def max_prompt_len(context_len: int, max_total_tokens: int | None) -> int:
+    """The longest prompt (tokens) a request may have; the one rule of the HTTP-side check
+    (check_prompt_length) and Scheduler.add_request, so they cannot drift apart.
+
+    A prompt must leave one token of the context for the output, and the KV cache of
+    max_total_tokens slots (None: not known yet, no limit) must hold it with two slots to spare
+    for the output (the scheduler's rule since the engine skeleton: prompt_len <
+    min(context_len, max_total_tokens - 1))."""
+    longest = context_len - 1
+    if max_total_tokens is not None:
+        longest = min(longest, max_total_tokens - 2)
+    return longest
+
+
+def prompt_too_long_message(
+    prompt_len: int, context_len: int, max_total_tokens: int | None = None
+) -> str:
+    """The one wording of "prompt too long" (/generate, both OpenAI routes, scheduler aborts):
+    it names the context length, or the KV cache when that is the tighter limit."""
+    if prompt_len >= context_len or max_total_tokens is None:
+        return (
+            f"The prompt is too long: {prompt_len} tokens, but the model's context length is "
+            f"{context_len} tokens and at least one token must remain for the output."
+        )
     return (
-        f"The prompt is too long: {prompt_len} tokens, but the model's context length is "
-        f"{context_len} tokens and at least one token must remain for the output."
+        f"The prompt is too long: {prompt_len} tokens, but the KV cache of this server holds "
+        f"{max_total_tokens} tokens and a prompt may use at most "
+        f"{max_prompt_len(context_len, max_total_tokens)} of them."
     )
+
+
+def check_prompt_fits(prompt_len: int, context_len: int, max_total_tokens: int | None) -> None:
+    """Raise ContextLengthError (param "prompt") when prompt_len > max_prompt_len(...)."""
+    if prompt_len > max_prompt_len(context_len, max_total_tokens):
+        raise ContextLengthError(
+            prompt_too_long_message(prompt_len, context_len, max_total_tokens), "prompt"
+        )
+
+
+def max_tokens_too_large_message(
+    field: str, max_new_tokens: int, prompt_len: int | None, context_len: int
+) -> str:
+    """The one wording of "output budget beyond the context" on every route; `field` is the
+    route's name for it (max_new_tokens on /generate, max_tokens or max_completion_tokens on the
+    OpenAI routes); prompt_len None: the prompt is not tokenised yet."""
+    prompt = f" (+ {prompt_len} prompt tokens)" if prompt_len is not None else ""
+    return (
+        f"{field} is too large: {max_new_tokens}{prompt} exceeds the model's context length of "
+        f"{context_len} tokens."
+    )
+
+
+class MaxTokensError(ContextLengthError):
+    """max_new_tokens (+ the prompt) exceeds the context length; `for_field` renames the field
+    for the route that received the request (param and message)."""
+
+    def __init__(
+        self, max_new_tokens: int, prompt_len: int | None, context_len: int, field: str
+    ) -> None:
+        msg = max_tokens_too_large_message(field, max_new_tokens, prompt_len, context_len)
+        super().__init__(msg, field)
+        self.max_new_tokens = max_new_tokens
+        self.prompt_len = prompt_len
+        self.context_len = context_len
+
+    def for_field(self, field: str) -> MaxTokensError:
+        return MaxTokensError(self.max_new_tokens, self.prompt_len, self.context_len, field)
+
+
+def check_max_new_tokens(
+    max_new_tokens: int | None, prompt_len: int | None, context_len: int, field: str
+) -> None:
+    """Raise MaxTokensError naming `field` when max_new_tokens (+ prompt_len when known) exceeds
+    context_len; None (unset) passes."""
+    if max_new_tokens is not None and max_new_tokens + (prompt_len or 0) > context_len:
+        raise MaxTokensError(max_new_tokens, prompt_len, context_len, field)
 
 
 def check_prompt_length(
     prompt_len: int, sp: SamplingParams, context_len: int, max_total_tokens: int | None
 ) -> None:
-    """Refuse prompts that cannot fit: upstream's 'longer than the model's context length'.
-    Raises ContextLengthError."""
-    if prompt_len >= context_len:
-        raise ContextLengthError(prompt_too_long_message(prompt_len, context_len), "prompt")
-    if prompt_len + sp.max_new_tokens > context_len:
-        raise ContextLengthError(
-            f"Requested token count exceeds the model's maximum context length of {context_len} "
-            f"tokens: {prompt_len} prompt tokens + max_new_tokens {sp.max_new_tokens}.",
-            "max_new_tokens",
-        )
-    if max_total_tokens is not None and prompt_len >= max_total_tokens:
-        raise ContextLengthError(
-            f"The prompt is too long: {prompt_len} tokens, but the KV cache of this server "
-            f"holds {max_total_tokens} tokens.",
-            "prompt",
-        )
+    """Refuse prompts that cannot fit (check_prompt_fits) and output budgets beyond the context
+    (check_max_new_tokens). Raises ContextLengthError."""
+    check_prompt_fits(prompt_len, context_len, max_total_tokens)
+    check_max_new_tokens(sp.max_new_tokens, prompt_len, context_len, "max_new_tokens")
+
+
+def check_n(n: object) -> int:
+    """/generate's sampling_params.n and the OpenAI routes' n: an integer in [1, MAX_N] (the
+    OpenAI routes' cap, which also bounds how many copies one request fans out to). Returns n;
+    raises ValueError naming n."""
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise ValueError(f"n must be an integer in [1, {MAX_N}], got {json_text(n)}")
+    return n

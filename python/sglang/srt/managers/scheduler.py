@@ -47,6 +47,7 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.kv_planner import KVPlanner
+from sglang.srt.managers.request_validation import ContextLengthError, check_prompt_fits
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import INIT_NEW_TOKEN_RATIO
 from sglang.srt.managers.scheduler_output_processor import OutputProcessor
@@ -257,13 +258,12 @@ class Scheduler:
         self.outputs.init_detokenizer(req)
         if self.spec is not None:
             self.spec.on_new_request(req)
-        limit = min(self.model_config.context_len, self.max_total_num_tokens - 1)
-        if len(req.origin_input_ids) >= limit:
-            req.finished_reason = FinishReason(
-                "abort",
-                message=f"the prompt has {len(req.origin_input_ids)} tokens; this server holds "
-                f"at most {limit} tokens per request",
+        try:  # the tokenizer manager checked the same rule; kept for direct senders
+            check_prompt_fits(
+                len(req.origin_input_ids), self.model_config.context_len, self.max_total_num_tokens
             )
+        except ContextLengthError as e:
+            req.finished_reason = FinishReason("abort", message=str(e))
             self.outputs.emit(req)
             return
         self.waiting_queue.append(req)

@@ -31,9 +31,9 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.request_validation import (
     build_sampling_params,
     check_logprob_params,
+    check_n,
     check_prompt_length,
 )
-from sglang.srt.sampling.sampling_params import json_text
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.tokenizer import get_tokenizer
 
@@ -168,11 +168,7 @@ class TokenizerManager:
         out: list[GenerateReqInput] = []
         for item in items:
             sp = dict(item.sampling_params or {})
-            n = sp.pop("n", 1)
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(
-                    f"sampling parameter n must be an integer >= 1, got {json_text(n)}"
-                )
+            n = check_n(sp.pop("n", 1))
             for k in range(n):
                 copy_ = copy.copy(item)
                 copy_.sampling_params = dict(sp)

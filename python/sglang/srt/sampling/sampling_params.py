@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -16,6 +17,8 @@ from typing import Any
 SAMPLING_EPS = 1e-6
 # top_k value meaning "no top-k" after normalize (upstream uses 1 << 30 too).
 TOP_K_ALL = 1 << 30
+# logit_bias values must lie in [-100, 100], as in OpenAI's API.
+LOGIT_BIAS_MAX = 100
 # Valid range of each numeric parameter (upstream's), quoted by both the type error of from_dict
 # and the range error of verify, so that e.g. max_new_tokens=1e20 says what is allowed.
 RANGES = {
@@ -122,9 +125,10 @@ class SamplingParams:
         for tid in self.stop_token_ids or []:
             ok = 0 <= tid < vocab_size
             _require(ok, "stop_token_ids", tid, f"outside vocab [0, {vocab_size})")
-        for key in self.logit_bias or {}:
+        for key, bias in (self.logit_bias or {}).items():
             tid = _token_id_key(key)
             _require(0 <= tid < vocab_size, "logit_bias", key, f"outside vocab [0, {vocab_size})")
+            _bias_value(key, bias)
         if self.max_draft_tokens is not None:
             _require(self.max_draft_tokens >= 0, "max_draft_tokens", self.max_draft_tokens)
 
@@ -174,14 +178,25 @@ def _require(ok: bool, name: str, value: Any, why: str | None = None) -> None:
 
 
 def _token_id_key(key: str | int) -> int:
-    if isinstance(key, bool):
-        raise ValueError(f"logit_bias key {key!r} is not a token id")
-    if isinstance(key, int):
+    """A logit_bias key as a token id: an int, or a string of decimal digits (JSON object keys
+    are strings; int() would also take " 5", "5_0" or non-ASCII digits). Raises ValueError."""
+    if isinstance(key, int) and not isinstance(key, bool):
         return key
-    try:
+    if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key):
         return int(key)
-    except (TypeError, ValueError):
-        raise ValueError(f"logit_bias key {key!r} is not a token id") from None
+    raise ValueError(f"logit_bias key {json_text(key)} is not a token id")
+
+
+def _bias_value(key: str | int, v: Any) -> float:
+    """One logit_bias value: a number in [-LOGIT_BIAS_MAX, LOGIT_BIAS_MAX] (OpenAI's range).
+    Raises ValueError naming logit_bias and the key."""
+    if not isinstance(v, bool) and isinstance(v, (int, float)):
+        if -LOGIT_BIAS_MAX <= v <= LOGIT_BIAS_MAX:  # False for NaN
+            return float(v)
+    raise ValueError(
+        f"sampling parameter logit_bias[{json_text(str(key))}] must be a number in "
+        f"[-{LOGIT_BIAS_MAX}, {LOGIT_BIAS_MAX}], got {json_text(v)}"
+    )
 
 
 def json_text(v: Any) -> str:
@@ -254,7 +269,7 @@ def _bias(name: str, v: Any) -> dict | None:
     out: dict[str | int, float] = {}
     for k, b in v.items():
         _token_id_key(k)
-        out[k] = _float(f"{name}[{k!r}]", b)
+        out[k] = _bias_value(k, b)
     return out
 
 

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sglang.srt.managers.request_validation import ContextLengthError
+from sglang.srt.managers.request_validation import ContextLengthError, MaxTokensError
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +75,13 @@ def error_response(
     return OrjsonResponse(error_body(message, status, param, code), status_code=status)
 
 
-def from_engine_exception(e: BaseException) -> OpenAIError:
+def from_engine_exception(
+    e: BaseException, max_tokens_field: str = "max_new_tokens"
+) -> OpenAIError:
     """Map an exception raised by TokenizerManager.generate_request to an OpenAIError.
 
-    ValueError (invalid input; its message names the parameter) -> 400;
+    ValueError (invalid input; its message names the parameter) -> 400, an output budget beyond
+    the context naming `max_tokens_field` (the route's name for max_new_tokens);
     QueueFullError (tokenizer_manager.py, matched by name to avoid an import cycle) -> 503.
     Anything else is re-raised by the caller as a 500.
     """
@@ -86,9 +89,10 @@ def from_engine_exception(e: BaseException) -> OpenAIError:
         return e
     if type(e).__name__ == "QueueFullError":
         return OpenAIError(str(e) or "the request queue is full", 503, code="queue_full")
+    if isinstance(e, MaxTokensError):
+        e = e.for_field(max_tokens_field)
     if isinstance(e, ContextLengthError):
-        param = {"max_new_tokens": "max_tokens"}.get(e.param, e.param)
-        return OpenAIError(str(e), 400, param=param, code=e.code)
+        return OpenAIError(str(e), 400, param=e.param, code=e.code)
     if isinstance(e, (ValueError, TypeError)):
         return OpenAIError(str(e), 400, param=param_named_in(str(e)))
     raise e

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from sglang.srt.managers.request_validation import MAX_TOP_LOGPROBS
+from sglang.srt.managers.request_validation import MAX_N, MAX_TOP_LOGPROBS, check_n
 from sglang.srt.sampling.sampling_params import json_text
 
 _ALLOWED_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -110,7 +110,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = "default"
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1, le=MAX_N)  # checked by check_n, as /generate's n
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -119,7 +119,7 @@ class SamplingFields(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Any] | None = None  # token id -> bias: checked by the engine
     user: str | None = None
     # SGLang extensions (openai's extra_body)
     top_k: int | None = Field(None, ge=-1)
@@ -140,6 +140,11 @@ class SamplingFields(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _strict_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        if info.field_name == "n":  # /generate's rule and wording
+            try:
+                return check_n(v)
+            except ValueError as e:
+                raise PydanticCustomError("n_range", str(e)) from None
         return _strict_number(cls, v, info)
 
     @field_validator("stop")
@@ -284,6 +289,10 @@ class ChatCompletionRequest(SamplingFields):
             if self.max_completion_tokens is not None
             else (self.max_tokens)
         )
+
+    def max_tokens_field(self) -> str:
+        """The field max_new_tokens() came from (errors name it)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
 
 FinishReason = Literal["stop", "length", "abort"] | None

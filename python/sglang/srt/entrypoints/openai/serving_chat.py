@@ -112,7 +112,8 @@ class OpenAIServingChat:
         check_model(self.tm, req.model)
         ids = self.prompt_ids(req)
         max_new = req.max_new_tokens()
-        check_max_tokens(self.tm, max_new, len(ids), "messages")
+        field = req.max_tokens_field()
+        check_max_tokens(self.tm, max_new, len(ids), "messages", field)
         obj = engine_request(
             req,
             max_new,
@@ -132,11 +133,11 @@ class OpenAIServingChat:
             schema = (rf.get("json_schema") or {}).get("schema", {})
             obj.sampling_params["json_schema"] = json.dumps(schema)
         if req.stream:
-            stream = await open_stream(self.tm, obj, raw)
+            stream = await open_stream(self.tm, obj, raw, field)
             return StreamingResponse(
                 sse_frames(self._chunks(req, stream)), media_type="text/event-stream"
             )
-        outs = as_list(await generate_once(self.tm, obj, raw))
+        outs = as_list(await generate_once(self.tm, obj, raw, field))
         return OrjsonResponse(self._response(req, outs))
 
     def _logprobs(self, req: ChatCompletionRequest, meta: dict, skip: int) -> dict | None:

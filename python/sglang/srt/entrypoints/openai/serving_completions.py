@@ -26,7 +26,11 @@ from sglang.srt.entrypoints.openai.errors import (
 )
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest, SamplingFields
 from sglang.srt.managers.io_struct import GenerateReqInput, new_rid
-from sglang.srt.managers.request_validation import prompt_too_long_message
+from sglang.srt.managers.request_validation import (
+    ContextLengthError,
+    check_max_new_tokens,
+    check_prompt_fits,
+)
 
 DISCONNECT_POLL_S = 0.25
 
@@ -76,11 +80,17 @@ class ClientGone(Exception):
     """The HTTP client disconnected before its request finished."""
 
 
-async def generate_once(tm: Any, obj: GenerateReqInput, request: Request | None) -> Any:
+async def generate_once(
+    tm: Any,
+    obj: GenerateReqInput,
+    request: Request | None,
+    max_tokens_field: str = "max_new_tokens",
+) -> Any:
     """Run a non-streaming request; return the TM's last output (a dict, or a list of dicts).
 
-    Raises OpenAIError (400/503) for invalid input or a full queue; ClientGone when the client
-    disconnected (the request is then aborted).
+    Raises OpenAIError (400/503) for invalid input or a full queue (an output budget beyond the
+    context names `max_tokens_field`); ClientGone when the client disconnected (the request is
+    then aborted).
     """
     rids = set(assign_rids(obj))
     agen = tm.generate_request(obj)
@@ -101,7 +111,7 @@ async def generate_once(tm: Any, obj: GenerateReqInput, request: Request | None)
         raise
     except Exception as e:  # noqa: BLE001 - mapped or re-raised
         finished = True
-        raise from_engine_exception(e) from e
+        raise from_engine_exception(e, max_tokens_field) from e
     finally:
         if not finished:
             _abort_all(tm, rids)
@@ -134,8 +144,14 @@ class EngineStream:
                 _abort_all(self.tm, self.rids)
 
 
-async def open_stream(tm: Any, obj: GenerateReqInput, request: Request | None) -> EngineStream:
-    """Start a streaming request and wait for its first output (errors raise here)."""
+async def open_stream(
+    tm: Any,
+    obj: GenerateReqInput,
+    request: Request | None,
+    max_tokens_field: str = "max_new_tokens",
+) -> EngineStream:
+    """Start a streaming request and wait for its first output. Raises what generate_once
+    raises (ClientGone when the client left before the first output; the request is aborted)."""
     rids = set(assign_rids(obj))
     agen = tm.generate_request(obj)
     first = None
@@ -150,7 +166,7 @@ async def open_stream(tm: Any, obj: GenerateReqInput, request: Request | None) -
         raise
     except Exception as e:  # noqa: BLE001
         ok = True
-        raise from_engine_exception(e) from e
+        raise from_engine_exception(e, max_tokens_field) from e
     finally:
         if not ok:
             _abort_all(tm, rids)
@@ -190,25 +206,20 @@ def check_model(tm: Any, model: str) -> None:
         )
 
 
-def check_max_tokens(tm: Any, max_tokens: int | None, prompt_len: int | None, param: str) -> None:
-    """400 when max_tokens (plus the prompt, when known) exceeds the context length."""
+def check_max_tokens(
+    tm: Any, max_tokens: int | None, prompt_len: int | None, param: str, field: str = "max_tokens"
+) -> None:
+    """400 when the prompt (when known; blamed on `param`) cannot fit, or when max_tokens (named
+    `field`; plus the prompt, when known) exceeds the context length: the engine's rules and
+    wording (request_validation), checked before the engine when the prompt is tokenised here."""
     ctx = tm.model_config.context_len
-    if prompt_len is not None and prompt_len >= ctx:
-        raise OpenAIError(
-            prompt_too_long_message(prompt_len, ctx),
-            400,
-            param=param,
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None and max_tokens + (prompt_len or 0) > ctx:
-        prompt = f" (+ {prompt_len} prompt tokens)" if prompt_len is not None else ""
-        raise OpenAIError(
-            f"max_tokens is too large: {max_tokens}{prompt} exceeds the model's context length "
-            f"of {ctx} tokens.",
-            400,
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
+    try:
+        if prompt_len is not None:
+            check_prompt_fits(prompt_len, ctx, getattr(tm, "max_total_num_tokens", None))
+        check_max_new_tokens(max_tokens, prompt_len, ctx, field)
+    except ContextLengthError as e:
+        blame = param if e.param == "prompt" else e.param
+        raise OpenAIError(str(e), 400, param=blame, code=e.code) from None
 
 
 def finish_reason(meta: dict) -> tuple[str | None, Any]:
@@ -296,11 +307,11 @@ class OpenAIServingCompletion:
         )
         echo_texts = [self._prompt_text(p) for p in prompt_list] if req.echo else None
         if req.stream:
-            stream = await open_stream(self.tm, obj, raw)
+            stream = await open_stream(self.tm, obj, raw, "max_tokens")
             return StreamingResponse(
                 sse_frames(self._chunks(req, stream, echo_texts)), media_type="text/event-stream"
             )
-        outs = as_list(await generate_once(self.tm, obj, raw))
+        outs = as_list(await generate_once(self.tm, obj, raw, "max_tokens"))
         return OrjsonResponse(self._response(req, outs, echo_texts))
 
     def _prompt_text(self, p: str | list[int]) -> str:

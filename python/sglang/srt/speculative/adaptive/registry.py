@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,8 +74,17 @@ def _err(msg: str) -> ValueError:
 
 
 def _number(key: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> float:
+    """v as a float in [lo, hi] ((lo, hi] with lo_open). Raises ValueError naming key for a
+    non-number, a non-finite number (JSON's NaN / Infinity, or an integer too large for a
+    float: NaN fails every comparison and inf passes hi = inf) or one out of range."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _err(f"{key!r} must be a number, got {_js(v)}")
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:  # an int beyond float range
+        finite = False
+    if not finite:
+        raise _err(f"{key!r} must be a finite number, got {_js(v)}")
     if v < lo or v > hi or (lo_open and v == lo):
         raise _err(f"{key!r} must be in {'(' if lo_open else '['}{lo}, {hi}], got {_js(v)}")
     return float(v)
