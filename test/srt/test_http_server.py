@@ -222,8 +222,14 @@ def test_metrics_count_exactly(server):
     }
     state = server.internal_state()
     assert _metric(after, "sglang:num_running_reqs") == 0
-    used = state["kv_pool_size"] - state["kv_available_tokens"]
-    assert _metric(server.get("/metrics").text, "sglang:num_used_tokens") == used
+    # Idle: the finished request's KV is evictable prefix cache, which is not "used" (upstream)
+    assert state["kv_evictable_tokens"] > 0
+    assert state["num_used_tokens"] == 0 == state["token_usage"]
+    assert state["num_used_tokens"] == (
+        state["kv_pool_size"] - state["kv_available_tokens"] - state["kv_evictable_tokens"]
+    )
+    text = server.get("/metrics").text
+    assert _metric(text, "sglang:num_used_tokens") == 0 == _metric(text, "sglang:token_usage")
 
 
 # ---- concurrency and cancellation --------------------------------------------------------------

@@ -107,8 +107,15 @@ class TokenizerMetricsCollector:
     def _init_gauges(self) -> None:
         self.num_running_reqs = self._gauge("sglang:num_running_reqs", "Running requests.")
         self.num_queue_reqs = self._gauge("sglang:num_queue_reqs", "Requests in the waiting queue.")
-        self.num_used_tokens = self._gauge("sglang:num_used_tokens", "KV slots in use (tokens).")
-        self.token_usage = self._gauge("sglang:token_usage", "Fraction of the KV pool in use.")
+        self.num_used_tokens = self._gauge(
+            "sglang:num_used_tokens",
+            "KV slots held by requests (tokens): pool size - available - evictable prefix "
+            "cache. Cached prefixes no request holds are not counted (upstream's num_used).",
+        )
+        self.token_usage = self._gauge(
+            "sglang:token_usage",
+            "num_used_tokens / KV pool size (the evictable prefix cache is not counted).",
+        )
         self.cache_hit_rate = self._gauge("sglang:cache_hit_rate", "Prefix cache hit rate.")
         self.spec_accept_length = self._gauge(
             "sglang:spec_accept_length", "Average speculative accept length (tokens per verify)."
@@ -184,8 +191,8 @@ class TokenizerMetricsCollector:
                 self.token_usage.set(state["token_usage"])
             if "cache_hit_rate" in state:
                 self.cache_hit_rate.set(state["cache_hit_rate"])
-            if "kv_pool_size" in state and "kv_available_tokens" in state:
-                self.num_used_tokens.set(state["kv_pool_size"] - state["kv_available_tokens"])
+            if "num_used_tokens" in state:
+                self.num_used_tokens.set(state["num_used_tokens"])
             if state.get("avg_spec_accept_length") is not None:
                 self.spec_accept_length.set(state["avg_spec_accept_length"])
             for key, gauge in (
