@@ -232,6 +232,25 @@ def test_metrics_count_exactly(server):
     assert _metric(text, "sglang:num_used_tokens") == 0 == _metric(text, "sglang:token_usage")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_latency_histograms(server, stream):
+    """TTFT is the first token's time, not the end-to-end latency (a non-streamed request's
+    only delivery is at its end), and TPOT = (e2e - TTFT) / (7 - 1) is positive."""
+    hists = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
+    names = [f"sglang:{h}_seconds_{s}" for h in hists for s in ("count", "sum")]
+    before = server.get("/metrics").text
+    body = {"text": "time these tokens please", "sampling_params": greedy(7), "stream": stream}
+    r = server.post("/generate", body, stream=stream)
+    assert (sse_events(r)[-2] if stream else r.json())["meta_info"]["completion_tokens"] == 7
+    after = server.get("/metrics").text
+    d = {n.split(":")[1]: _metric(after, n) - _metric(before, n) for n in names}
+    assert [d[f"{h}_seconds_count"] for h in hists] == [1, 1, 1]
+    ttft, tpot = d["time_to_first_token_seconds_sum"], d["time_per_output_token_seconds_sum"]
+    e2e = d["e2e_request_latency_seconds_sum"]
+    assert 0 < ttft < e2e and tpot > 0
+    assert ttft + 6 * tpot == pytest.approx(e2e, rel=1e-6)
+
+
 # ---- concurrency and cancellation --------------------------------------------------------------
 async def _stream_text(session: aiohttp.ClientSession, url: str, prompt: str) -> list[int]:
     body = {"text": prompt, "stream": True, "sampling_params": greedy(6)}

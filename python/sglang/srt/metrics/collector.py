@@ -77,14 +77,20 @@ class TokenizerMetricsCollector:
 
     def _init_histograms(self) -> None:
         self.ttft = self._histogram(
-            "sglang:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+            "sglang:time_to_first_token_seconds",
+            "Time to first token in seconds: from the request's arrival to the scheduler "
+            "committing its first output token (streamed or not).",
+            TTFT_BUCKETS,
         )
         self.itl = self._histogram(
-            "sglang:inter_token_latency_seconds", "Inter-token latency in seconds.", ITL_BUCKETS
+            "sglang:inter_token_latency_seconds",
+            "Inter-token latency in seconds: gaps between consecutive streamed deliveries.",
+            ITL_BUCKETS,
         )
         self.tpot = self._histogram(
             "sglang:time_per_output_token_seconds",
-            "Time per output token (after the first) in seconds.",
+            "Time per output token (after the first) in seconds: per request, "
+            "(e2e latency - TTFT) / (completion tokens - 1).",
             ITL_BUCKETS,
         )
         self.spec_accept_length_hist = self._histogram(
@@ -161,8 +167,9 @@ class TokenizerMetricsCollector:
         spec_accept_length: float | None = None,
         spec_mean_draft_len: float | None = None,
     ) -> None:
-        """Record one finished request. Times in seconds; itls_s are the gaps between
-        consecutive token deliveries (one entry per step after the first)."""
+        """Record one finished request. Times in seconds; ttft_s is None when the request
+        produced no token; itls_s are the gaps between consecutive token deliveries (one entry
+        per delivery after the first; none for a non-streamed request)."""
         with self._lock:
             self.num_requests.inc()
             self.prompt_tokens.inc(prompt_tokens)
