@@ -7,14 +7,12 @@ on CPU)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
 
 pytest.importorskip("triton")
 
@@ -32,9 +30,8 @@ from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
     build_positions_and_starts,
 )
 
-HAVE_FLASHINFER = torch.cuda.is_available() and importlib.util.find_spec("flashinfer") is not None
+HAVE_FLASHINFER = HAS_CUDA and importlib.util.find_spec("flashinfer") is not None
 needs_flashinfer = pytest.mark.skipif(not HAVE_FLASHINFER, reason="needs CUDA and flashinfer")
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = [(9, 3, 64), (32, 8, 128)]  # (heads, kv heads, head_dim): SmolLM2 / Llama-8B shapes
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)
 
@@ -90,13 +87,13 @@ def test_paged_layout_gives_unassigned_rows_to_the_last_request():
 
 def test_fill_kv_indices_gathers_page_lists_and_pads_with_slot_zero():
     torch.manual_seed(0)
-    r2t = torch.randint(1, 10_000, (6, 1100), dtype=torch.int32, device=DEV)
+    r2t = torch.randint(1, 10_000, (6, 1100), dtype=torch.int32, device=DEVICE)
     rows = [4, 0, 2]
     seq = [700, 1, 1030]  # more than one BLOCK of 512 for two requests
     for extra in (0, 3):
-        out = torch.full((sum(seq) + extra,), -1, dtype=torch.int32, device=DEV)
+        out = torch.full((sum(seq) + extra,), -1, dtype=torch.int32, device=DEVICE)
         fill_kv_indices(
-            r2t, torch.tensor(rows, device=DEV), torch.tensor(seq, device=DEV), extra, out
+            r2t, torch.tensor(rows, device=DEVICE), torch.tensor(seq, device=DEVICE), extra, out
         )
         want = torch.cat([r2t[r, :n] for r, n in zip(rows, seq, strict=True)]).cpu().tolist()
         assert out.cpu().tolist() == want + [0] * extra

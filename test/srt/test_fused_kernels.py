@@ -1,19 +1,16 @@
 """Fused Triton kernels (RMSNorm + residual, SiLU-and-mul, RoPE) against the PyTorch layers.
 
 Without CUDA the kernels run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
-set before triton is imported); the layers' PyTorch code (their CPU path) is the reference.
+set by sglang.test.triton_interpreter before triton is imported); the layers' PyTorch code
+(their CPU path) is the reference.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
@@ -30,9 +27,8 @@ ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # may differ by one rounding step (0.03) when fp32 rsqrt/exp differ in their last bit.
 RTOL = {torch.float32: 1.3e-6, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# The interpreter path on CPU; with CUDA present the same tests run compiled on the GPU (every
-# tensor they create lands on the default device set below).
-DEVICE = "cuda" if HAS_CUDA else "cpu"
+# DEVICE: the interpreter path on CPU; with CUDA present the same tests run compiled on the GPU
+# (every tensor they create lands on the default device the fixture below sets).
 
 
 @pytest.fixture(autouse=True)

@@ -1,21 +1,18 @@
 """Fused Triton sampling kernel against the PyTorch exponential race of sampling/random.py.
 
 Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
-set before triton is imported). The noise is bit-identical by construction, so the sampled ids
-must equal `_sample_from_probs_torch` exactly (ties only on exactly equal float scores, which
-random inputs do not produce; engineered ties are tested separately).
+set by sglang.test.triton_interpreter before triton is imported). The noise is bit-identical by
+construction, so the sampled ids must equal `_sample_from_probs_torch` exactly (ties only on
+exactly equal float scores, which random inputs do not produce; engineered ties are tested
+separately).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from sglang.test.triton_interpreter import HAS_CUDA  # first: sets TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 

@@ -222,8 +222,33 @@ def test_metrics_count_exactly(server):
     }
     state = server.internal_state()
     assert _metric(after, "sglang:num_running_reqs") == 0
-    used = state["kv_pool_size"] - state["kv_available_tokens"]
-    assert _metric(server.get("/metrics").text, "sglang:num_used_tokens") == used
+    # Idle: the finished request's KV is evictable prefix cache, which is not "used" (upstream)
+    assert state["kv_evictable_tokens"] > 0
+    assert state["num_used_tokens"] == 0 == state["token_usage"]
+    assert state["num_used_tokens"] == (
+        state["kv_pool_size"] - state["kv_available_tokens"] - state["kv_evictable_tokens"]
+    )
+    text = server.get("/metrics").text
+    assert _metric(text, "sglang:num_used_tokens") == 0 == _metric(text, "sglang:token_usage")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_latency_histograms(server, stream):
+    """TTFT is the first token's time, not the end-to-end latency (a non-streamed request's
+    only delivery is at its end), and TPOT = (e2e - TTFT) / (7 - 1) is positive."""
+    hists = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
+    names = [f"sglang:{h}_seconds_{s}" for h in hists for s in ("count", "sum")]
+    before = server.get("/metrics").text
+    body = {"text": "time these tokens please", "sampling_params": greedy(7), "stream": stream}
+    r = server.post("/generate", body, stream=stream)
+    assert (sse_events(r)[-2] if stream else r.json())["meta_info"]["completion_tokens"] == 7
+    after = server.get("/metrics").text
+    d = {n.split(":")[1]: _metric(after, n) - _metric(before, n) for n in names}
+    assert [d[f"{h}_seconds_count"] for h in hists] == [1, 1, 1]
+    ttft, tpot = d["time_to_first_token_seconds_sum"], d["time_per_output_token_seconds_sum"]
+    e2e = d["e2e_request_latency_seconds_sum"]
+    assert 0 < ttft < e2e and tpot > 0
+    assert ttft + 6 * tpot == pytest.approx(e2e, rel=1e-6)
 
 
 # ---- concurrency and cancellation --------------------------------------------------------------

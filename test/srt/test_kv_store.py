@@ -1,27 +1,21 @@
 """The one-kernel KV store (layers/triton_kernels/kv_store.py) against the pool's indexed writes.
 
 Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
-set before triton is imported, as in test_fused_kernels.py); with CUDA it runs compiled.
+set by sglang.test.triton_interpreter before triton is imported); with CUDA it runs compiled.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from sglang.test.triton_interpreter import DEVICE  # first: sets TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
 from sglang.srt.layers import triton_kernels  # noqa: E402
 from sglang.srt.layers.triton_kernels.kv_store import store_kv  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-
-DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 def _reference(pool: MHATokenToKVPool, layer: int, loc, k, v) -> tuple:

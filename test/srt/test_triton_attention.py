@@ -4,14 +4,12 @@ the same greedy outputs with --attention-backend triton as with torch_native."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
@@ -36,9 +34,8 @@ from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
     build_positions_and_starts,
 )
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-# The float32 tests run where the kernels run: on CUDA when present, else the interpreter.
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+# The float32 tests run on DEVICE, where the kernels run: CUDA when present, else the interpreter.
 
 
 def make_case(
@@ -128,7 +125,7 @@ def run_backend(fb, layer, qkv, decode_num_splits=None):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_extend_matches_reference(seed):
-    fb, layer, qkv, expected = make_case(seed, decode=False, device=DEV)
+    fb, layer, qkv, expected = make_case(seed, decode=False, device=DEVICE)
     out = run_backend(fb, layer, qkv)
     assert out.shape == expected.shape and out.dtype == torch.float32
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
@@ -136,14 +133,14 @@ def test_extend_matches_reference(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_decode_matches_reference(seed):
-    fb, layer, qkv, expected = make_case(seed, decode=True, device=DEV)
+    fb, layer, qkv, expected = make_case(seed, decode=True, device=DEVICE)
     out = run_backend(fb, layer, qkv)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_extend_kernel_on_decode_batch_matches_decode_kernel():
     # A one-token-per-request EXTEND step goes through the extend kernel; same answer.
-    fb, layer, qkv, expected = make_case(11, decode=True, device=DEV)
+    fb, layer, qkv, expected = make_case(11, decode=True, device=DEVICE)
     fb.forward_mode = ForwardMode.TARGET_VERIFY
     backend = TritonAttnBackend()
     fb.attn_backend = backend
@@ -153,7 +150,7 @@ def test_extend_kernel_on_decode_batch_matches_decode_kernel():
 
 
 def test_bad_head_dim_and_cpu_without_interpreter_refused(monkeypatch):
-    fb, _, (q, k, v), _ = make_case(0, decode=True, d=64, device=DEV)
+    fb, _, (q, k, v), _ = make_case(0, decode=True, d=64, device=DEVICE)
     layer = RadixAttention(6, 48, 48**-0.5, 2, 0)
     backend = TritonAttnBackend()
     backend.init_forward_metadata(fb)
@@ -203,7 +200,7 @@ SPLIT_PREFIX = [0, 6, 63, 999, 2999]
 @pytest.mark.parametrize("hkv", [3, 1])  # GQA group 1 and 3
 def test_split_decode_matches_reference(num_splits, hkv):
     fb, layer, qkv, expected = make_case(
-        num_splits, decode=True, h=3, hkv=hkv, d=16, prefix=SPLIT_PREFIX, device=DEV
+        num_splits, decode=True, h=3, hkv=hkv, d=16, prefix=SPLIT_PREFIX, device=DEVICE
     )
     out = run_backend(fb, layer, qkv, decode_num_splits=num_splits)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
@@ -217,19 +214,19 @@ def test_split_decode_writes_every_split():
     # 7, 200, 1 with BLOCK_N 16 and 3 splits: chunks of 16, 80 (3 full splits), 16 tokens.
     h, hkv, d = 2, 1, 16
     fb, layer, (q, k, v), expected = make_case(
-        21, decode=True, h=h, hkv=hkv, d=d, prefix=[6, 199, 0], device=DEV
+        21, decode=True, h=h, hkv=hkv, d=d, prefix=[6, 199, 0], device=DEVICE
     )
     pool, r2t = fb.token_to_kv_pool, fb.req_to_token_pool.req_to_token
     pool.set_kv_buffer(0, fb.out_cache_loc, k.view(-1, hkv, d), v.view(-1, hkv, d))
-    mid_o, mid_ml = alloc_decode_partials(3, h, d, 3, DEV)
+    mid_o, mid_ml = alloc_decode_partials(3, h, d, 3, DEVICE)
     mid_o.fill_(float("nan"))
     mid_ml.fill_(float("nan"))
-    out = torch.zeros(3, h, d, device=DEV)
+    out = torch.zeros(3, h, d, device=DEVICE)
     args = (q.view(3, h, d), pool.k_buffer[0], pool.v_buffer[0], out, r2t)
     args += (fb.req_pool_indices, fb.seq_lens, d**-0.5)
     decode_attention_fwd(*args, block_n=16, num_splits=3, partials=(mid_o, mid_ml))
     torch.testing.assert_close(out.view(3, h * d), expected, atol=1e-4, rtol=1e-4)
-    empty = torch.tensor([[0, 1, 1], [0, 0, 0], [0, 1, 1]], dtype=torch.bool, device=DEV)
+    empty = torch.tensor([[0, 1, 1], [0, 0, 0], [0, 1, 1]], dtype=torch.bool, device=DEVICE)
     empty = empty[:, None, :].expand(3, h, 3)
     assert torch.all(mid_ml[..., 0][empty] == float("-inf"))
     assert torch.all(mid_ml[..., 1][empty] == 0) and torch.all(mid_o[empty] == 0)
@@ -345,7 +342,7 @@ def test_engine_greedy_matches_torch_native(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(tb, "decode_attention_fwd", counted("decode", tb.decode_attention_fwd))
     monkeypatch.setattr(tb, "extend_attention_fwd", counted("extend", tb.extend_attention_fwd))
-    n = 16 if torch.cuda.is_available() else 4
+    n = 16 if HAS_CUDA else 4
     got = greedy_outputs(tiny_model_dir, "triton", n)
     assert calls["decode"] > 0 and calls["extend"] > 0  # both kernels ran in the engine
     want = greedy_outputs(tiny_model_dir, "torch_native", n)

@@ -2,21 +2,17 @@
 the linear layers and the lm_head (on by default on CUDA; SGLANG_TRITON_GEMV=0 turns it off).
 
 Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
-set before triton is imported), so the shapes stay small; with CUDA the same tests run
-compiled on the GPU.
+set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small;
+with CUDA the same tests run compiled on the GPU.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"
+from sglang.test.triton_interpreter import DEVICE  # first: sets TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
@@ -35,7 +31,6 @@ from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv, pick_tile  # n
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2, torch.float16: 1e-3}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 @pytest.fixture(autouse=True)

@@ -109,6 +109,9 @@ class BatchStrOut:
     (stop strings trimmed), finished_reason[i] None while running, else
     {"type": "stop"|"length"|"abort", "matched": ...}; meta[i] counters (prompt_tokens,
     completion_tokens, cached_tokens, ...). Logprob lists hold the new entries only.
+    first_token_time[i] is the time.perf_counter() at which the scheduler committed the
+    request's first output token (None before it): CLOCK_MONOTONIC on Linux, one clock for all
+    processes of the host, so the tokenizer manager subtracts its own perf_counter() stamps.
     """
 
     rids: list[str]
@@ -120,3 +123,4 @@ class BatchStrOut:
     output_top_logprobs_delta: list[list | None] = field(default_factory=list)
     input_token_logprobs: list[list | None] = field(default_factory=list)
     input_top_logprobs: list[list | None] = field(default_factory=list)
+    first_token_time: list[float | None] = field(default_factory=list)

@@ -95,6 +95,8 @@ class Req:
         self.detok: Any = None  # IncrementalDetokenizer (scheduler process)
         self.text_limit: int | None = None  # output text is cut here (stop string / token)
         self.sent_output_len = 0  # output ids already sent to the tokenizer manager
+        # time.perf_counter() when the first output token was committed (TTFT; sent along)
+        self.first_token_time: float | None = None
 
         # Logprobs (accumulated, upstream format: (logprob, token_id))
         self.input_token_logprobs: list[tuple[float | None, int]] = []
@@ -131,6 +133,13 @@ class Req:
             and self.num_retractions == 0
             and 0 <= self.logprob_start_len < len(self.origin_input_ids)
         )
+
+    @property
+    def logprob_row_start(self) -> int:
+        """First prompt position whose logits are needed for prompt logprobs: the row at
+        position t scores prompt token t + 1, so token logprob_start_len > 0 is scored by row
+        logprob_start_len - 1. Token 0 has no logprob (None): start 0 begins at row 0."""
+        return max(0, self.logprob_start_len - 1)
 
     def cacheable_len(self) -> int:
         """Tokens whose KV may enter the prefix cache (target and, if speculating, draft)."""

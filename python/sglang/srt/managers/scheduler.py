@@ -289,14 +289,21 @@ class Scheduler:
         return True
 
     def internal_state(self) -> dict:
+        """Scheduler state for /get_server_info and /metrics. KV accounting as upstream's
+        Scheduler._get_token_info: num_used_tokens = pool - available - evictable prefix cache
+        (slots held by requests; cache that eviction could free is not "used") and
+        token_usage = num_used_tokens / pool."""
         held = self.tree_cache.total_size()
         free = self.allocator.available_size()
-        used = self.max_total_num_tokens - free - self.tree_cache.evictable_size()
+        evictable = self.tree_cache.evictable_size()
+        used = self.max_total_num_tokens - free - evictable
         prompt = max(1, self.stats["prompt_tokens"])
         return {
             "kv_pool_size": self.max_total_num_tokens,
             "kv_available_tokens": free,
+            "kv_evictable_tokens": evictable,
             "radix_cache_tokens": held,
+            "num_used_tokens": used,
             "token_usage": used / self.max_total_num_tokens,
             "cache_hit_rate": self.stats["cached_tokens"] / prompt,
             "num_running_reqs": len(self.running) + (1 if self.chunked_req else 0),

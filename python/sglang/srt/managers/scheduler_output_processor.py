@@ -9,6 +9,7 @@ step's token for it is discarded and the step's KV slots freed (`settle_inflight
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 from sglang.srt.managers.detokenizer_manager import IncrementalDetokenizer
@@ -129,6 +130,8 @@ class OutputProcessor:
         calls finish() for a finished request.
         """
         appended = 0
+        if req.first_token_time is None and token_ids:
+            req.first_token_time = time.perf_counter()
         for tok, lp, top in zip(token_ids, logprobs, top_logprobs, strict=True):
             # Text length before this token: only stop strings and stop-token trimming read it
             # (reading it decodes; otherwise the request's text is decoded when it is sent).
@@ -180,8 +183,12 @@ class OutputProcessor:
             req.finished_reason = FinishReason("length", matched=None)
 
     def add_input_logprobs(self, req: Req, result: GenerationBatchResult, i: int) -> None:
-        if not req.input_token_logprobs:  # upstream: the first scored token has logprob None
-            req.input_token_logprobs.append((None, req.origin_input_ids[req.logprob_start_len]))
+        """Append this step's prompt logprobs: entry k is prompt token logprob_start_len + k.
+        Only token 0 of the prompt has no logprob (None). Upstream pads the first entry with
+        None for every start; here a token after the first has its logprob given the tokens
+        before it (Req.logprob_row_start)."""
+        if not req.input_token_logprobs and req.logprob_start_len == 0:
+            req.input_token_logprobs.append((None, req.origin_input_ids[0]))
             req.input_top_logprobs.append(None)
         start = len(req.input_token_logprobs) + req.logprob_start_len
         for j, lp in enumerate(result.input_token_logprobs[i]):
@@ -238,6 +245,7 @@ class OutputProcessor:
             text = text[: len(text) - stop_prefix_holdback(text, req.sampling_params.stop_strs)]
         out.text.append(text)
         out.output_ids_delta.append(new_ids)
+        out.first_token_time.append(req.first_token_time)
         out.finished_reason.append(req.finished_reason.to_json() if req.finished() else None)
         out.meta.append(
             {

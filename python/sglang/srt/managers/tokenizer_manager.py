@@ -58,8 +58,8 @@ class ReqState:
     meta: dict = field(default_factory=dict)
     finished: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
-    first_token_time: float | None = None
-    last_token_time: float | None = None
+    first_token_time: float | None = None  # the scheduler's perf_counter() stamp
+    last_token_time: float | None = None  # arrival of the latest output (ITL gaps)
     itls: list[float] = field(default_factory=list)
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
@@ -295,7 +295,10 @@ class TokenizerManager:
                 continue
             if msg.output_ids_delta[i]:
                 if state.first_token_time is None:
-                    state.first_token_time = now
+                    # The scheduler's stamp: a non-streamed request's first delivery is its
+                    # last, so its arrival time would make TTFT the end-to-end latency.
+                    stamp = msg.first_token_time[i] if msg.first_token_time else None
+                    state.first_token_time = stamp if stamp is not None else now
                 elif state.last_token_time is not None:
                     state.itls.append(now - state.last_token_time)
                 state.last_token_time = now
@@ -318,12 +321,13 @@ class TokenizerManager:
         state.meta["e2e_latency"] = now - state.created
         if self.metrics_collector is None:
             return
-        ttft = (state.first_token_time or now) - state.created
+        # No output token (prompt-only or aborted early): no time to first token.
+        first = state.first_token_time
         self.metrics_collector.observe_request_finished(
             prompt_tokens=state.prompt_tokens,
             completion_tokens=len(state.output_ids),
             cached_tokens=state.meta.get("cached_tokens", 0),
-            ttft_s=ttft,
+            ttft_s=None if first is None else first - state.created,
             itls_s=state.itls,
             e2e_s=now - state.created,
             spec_accept_length=state.meta.get("spec_accept_length"),

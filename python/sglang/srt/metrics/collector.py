@@ -77,14 +77,20 @@ class TokenizerMetricsCollector:
 
     def _init_histograms(self) -> None:
         self.ttft = self._histogram(
-            "sglang:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+            "sglang:time_to_first_token_seconds",
+            "Time to first token in seconds: from the request's arrival to the scheduler "
+            "committing its first output token (streamed or not).",
+            TTFT_BUCKETS,
         )
         self.itl = self._histogram(
-            "sglang:inter_token_latency_seconds", "Inter-token latency in seconds.", ITL_BUCKETS
+            "sglang:inter_token_latency_seconds",
+            "Inter-token latency in seconds: gaps between consecutive streamed deliveries.",
+            ITL_BUCKETS,
         )
         self.tpot = self._histogram(
             "sglang:time_per_output_token_seconds",
-            "Time per output token (after the first) in seconds.",
+            "Time per output token (after the first) in seconds: per request, "
+            "(e2e latency - TTFT) / (completion tokens - 1).",
             ITL_BUCKETS,
         )
         self.spec_accept_length_hist = self._histogram(
@@ -107,8 +113,15 @@ class TokenizerMetricsCollector:
     def _init_gauges(self) -> None:
         self.num_running_reqs = self._gauge("sglang:num_running_reqs", "Running requests.")
         self.num_queue_reqs = self._gauge("sglang:num_queue_reqs", "Requests in the waiting queue.")
-        self.num_used_tokens = self._gauge("sglang:num_used_tokens", "KV slots in use (tokens).")
-        self.token_usage = self._gauge("sglang:token_usage", "Fraction of the KV pool in use.")
+        self.num_used_tokens = self._gauge(
+            "sglang:num_used_tokens",
+            "KV slots held by requests (tokens): pool size - available - evictable prefix "
+            "cache. Cached prefixes no request holds are not counted (upstream's num_used).",
+        )
+        self.token_usage = self._gauge(
+            "sglang:token_usage",
+            "num_used_tokens / KV pool size (the evictable prefix cache is not counted).",
+        )
         self.cache_hit_rate = self._gauge("sglang:cache_hit_rate", "Prefix cache hit rate.")
         self.spec_accept_length = self._gauge(
             "sglang:spec_accept_length", "Average speculative accept length (tokens per verify)."
@@ -154,8 +167,9 @@ class TokenizerMetricsCollector:
         spec_accept_length: float | None = None,
         spec_mean_draft_len: float | None = None,
     ) -> None:
-        """Record one finished request. Times in seconds; itls_s are the gaps between
-        consecutive token deliveries (one entry per step after the first)."""
+        """Record one finished request. Times in seconds; ttft_s is None when the request
+        produced no token; itls_s are the gaps between consecutive token deliveries (one entry
+        per delivery after the first; none for a non-streamed request)."""
         with self._lock:
             self.num_requests.inc()
             self.prompt_tokens.inc(prompt_tokens)
@@ -184,8 +198,8 @@ class TokenizerMetricsCollector:
                 self.token_usage.set(state["token_usage"])
             if "cache_hit_rate" in state:
                 self.cache_hit_rate.set(state["cache_hit_rate"])
-            if "kv_pool_size" in state and "kv_available_tokens" in state:
-                self.num_used_tokens.set(state["kv_pool_size"] - state["kv_available_tokens"])
+            if "num_used_tokens" in state:
+                self.num_used_tokens.set(state["num_used_tokens"])
             if state.get("avg_spec_accept_length") is not None:
                 self.spec_accept_length.set(state["avg_spec_accept_length"])
             for key, gauge in (
