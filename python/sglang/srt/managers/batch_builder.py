@@ -131,11 +131,11 @@ class BatchBuilder:
 
     def match_prefix(self, req: Req) -> torch.Tensor:
         """Cached prefix slots usable by req: at least one token must be computed (to get its
-        logits), and none of the positions whose logits score the prompt logprobs asked for."""
+        logits), and none of the prompt tokens whose logprobs were asked for."""
         res = self.s.tree_cache.match_prefix(req.fill_ids)
         limit = req.seqlen - 1
         if req.wants_input_logprobs():
-            limit = min(limit, req.logprob_row_start)
+            limit = min(limit, req.logprob_start_len)
         req.last_node = res.last_node
         return res.device_indices[:limit]
 
@@ -284,9 +284,9 @@ class BatchBuilder:
     @staticmethod
     def input_logprob_targets(req: Req, start: int, n: int, final: bool) -> list[int]:
         """Prompt tokens scored this step: row at position t scores prompt token t + 1, for
-        t in [max(start, logprob_row_start), start + n), excluding the sampling row."""
+        t in [max(start, logprob_start_len), start + n), excluding the sampling row."""
         if not req.wants_input_logprobs() or start >= len(req.origin_input_ids):
             return []
-        first = max(start, req.logprob_row_start)
+        first = max(start, req.logprob_start_len)
         last = start + n - (1 if final else 0)  # exclusive
         return req.origin_input_ids[first + 1 : last + 1]

@@ -134,13 +134,6 @@ class Req:
             and 0 <= self.logprob_start_len < len(self.origin_input_ids)
         )
 
-    @property
-    def logprob_row_start(self) -> int:
-        """First prompt position whose logits are needed for prompt logprobs: the row at
-        position t scores prompt token t + 1, so token logprob_start_len > 0 is scored by row
-        logprob_start_len - 1. Token 0 has no logprob (None): start 0 begins at row 0."""
-        return max(0, self.logprob_start_len - 1)
-
     def cacheable_len(self) -> int:
         """Tokens whose KV may enter the prefix cache (target and, if speculating, draft)."""
         if self.draft is None:

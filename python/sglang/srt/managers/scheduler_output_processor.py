@@ -183,12 +183,8 @@ class OutputProcessor:
             req.finished_reason = FinishReason("length", matched=None)
 
     def add_input_logprobs(self, req: Req, result: GenerationBatchResult, i: int) -> None:
-        """Append this step's prompt logprobs: entry k is prompt token logprob_start_len + k.
-        Only token 0 of the prompt has no logprob (None). Upstream pads the first entry with
-        None for every start; here a token after the first has its logprob given the tokens
-        before it (Req.logprob_row_start)."""
-        if not req.input_token_logprobs and req.logprob_start_len == 0:
-            req.input_token_logprobs.append((None, req.origin_input_ids[0]))
+        if not req.input_token_logprobs:  # upstream: the first scored token has logprob None
+            req.input_token_logprobs.append((None, req.origin_input_ids[req.logprob_start_len]))
             req.input_top_logprobs.append(None)
         start = len(req.input_token_logprobs) + req.logprob_start_len
         for j, lp in enumerate(result.input_token_logprobs[i]):
