@@ -4,9 +4,9 @@ Metric names follow upstream SGLang (docs/references/production_metrics.md): a "
 a `model_name` label. Each server owns one CollectorRegistry, so several servers (or tests) in one
 process never share or clash on metrics.
 
-Writers: the TokenizerManager calls `observe_first_token` (optional) and `observe_request_finished`
-once per finished request; the HTTP layer calls `set_internal_state` with the scheduler's
-`get_internal_state()` dict at scrape time.
+Writers: the TokenizerManager calls `observe_request_finished` once per finished request; the
+HTTP layer calls `set_internal_state` with the scheduler's `get_internal_state()` dict at scrape
+time.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class TokenizerMetricsCollector:
         self.labels = dict(labels)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._lock = threading.Lock()
-        self._ttft_from_first_token = False  # set once observe_first_token is used
         self._init_counters()
         self._init_histograms()
         self._init_gauges()
@@ -149,13 +148,6 @@ class TokenizerMetricsCollector:
         )
 
     # ---- writers ----------------------------------------------------------------------------
-    def observe_first_token(self, ttft_s: float) -> None:
-        """Record one request's time to first token (seconds). Once this is used, TTFT is no
-        longer taken from `observe_request_finished`, so no request is counted twice."""
-        with self._lock:
-            self._ttft_from_first_token = True
-            self.ttft.observe(ttft_s)
-
     def observe_request_finished(
         self,
         prompt_tokens: int,
@@ -175,7 +167,7 @@ class TokenizerMetricsCollector:
             self.prompt_tokens.inc(prompt_tokens)
             self.generation_tokens.inc(completion_tokens)
             self.cached_tokens.inc(cached_tokens)
-            if ttft_s is not None and not self._ttft_from_first_token:
+            if ttft_s is not None:
                 self.ttft.observe(ttft_s)
             for gap in itls_s:
                 self.itl.observe(gap)
