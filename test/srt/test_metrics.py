@@ -164,6 +164,26 @@ def test_streamed_request_ttft_itl_and_tpot(monkeypatch):
     assert h["e2e_request"] == (1, pytest.approx(0.45, abs=1e-9))
 
 
+def test_itl_is_per_token_when_a_delivery_carries_several(monkeypatch):
+    """A speculative step delivers several tokens at once: deliveries of 1, 3 and 2 tokens at
+    100.2, 100.5, 100.6 give ITL entries 0.1 x 3 and 0.05 x 2 (upstream divides each gap over
+    the delivery's tokens), so count = tokens - 1 = 5 and sum = 0.4 = last - first delivery."""
+    clock = _Clock()
+    monkeypatch.setattr(tokenizer_manager.time, "perf_counter", clock)
+    c = TokenizerMetricsCollector(LABELS)
+    state = ReqState(rid="r", prompt_tokens=7, return_logprob=False, created=100.0)
+    tm = _manager(c, state)
+    for now, toks, done in ((100.2, [5], False), (100.5, [6, 7, 8], False), (100.6, [9, 10], True)):
+        clock.now = now
+        tm._handle_batch_out(_out(toks, first=100.1, done=done))
+    h = _histograms(c)
+    assert h["inter_token_latency"] == (5, pytest.approx(0.4, abs=1e-9))
+    bucket = HISTOGRAMS["inter_token_latency"] + "_bucket"
+    assert c.registry.get_sample_value(bucket, {**LABELS, "le": "0.06"}) == 2  # the 0.05 s
+    assert c.registry.get_sample_value(bucket, {**LABELS, "le": "0.1"}) == 5
+    assert h["time_per_output_token"] == (1, pytest.approx(0.5 / 5, abs=1e-9))
+
+
 def test_request_without_output_tokens_has_no_ttft(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(tokenizer_manager.time, "perf_counter", clock)

@@ -60,7 +60,7 @@ class ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     first_token_time: float | None = None  # the scheduler's perf_counter() stamp
     last_token_time: float | None = None  # arrival of the latest output (ITL gaps)
-    itls: list[float] = field(default_factory=list)
+    itls: list[float] = field(default_factory=list)  # per-token latencies after the first
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     input_token_logprobs: list | None = None
@@ -300,7 +300,10 @@ class TokenizerManager:
                     stamp = msg.first_token_time[i] if msg.first_token_time else None
                     state.first_token_time = stamp if stamp is not None else now
                 elif state.last_token_time is not None:
-                    state.itls.append(now - state.last_token_time)
+                    # Per token, as upstream: a delivery of n tokens (a speculative step's
+                    # accepted drafts + bonus token) spreads its gap evenly over them.
+                    n = len(msg.output_ids_delta[i])
+                    state.itls.extend([(now - state.last_token_time) / n] * n)
                 state.last_token_time = now
             state.text = msg.text[i]
             state.output_ids.extend(msg.output_ids_delta[i])

@@ -83,7 +83,8 @@ class TokenizerMetricsCollector:
         )
         self.itl = self._histogram(
             "sglang:inter_token_latency_seconds",
-            "Inter-token latency in seconds: gaps between consecutive streamed deliveries.",
+            "Inter-token latency in seconds, per token: the gap between streamed deliveries "
+            "divided over the tokens of the later one.",
             ITL_BUCKETS,
         )
         self.tpot = self._histogram(
@@ -160,8 +161,9 @@ class TokenizerMetricsCollector:
         spec_mean_draft_len: float | None = None,
     ) -> None:
         """Record one finished request. Times in seconds; ttft_s is None when the request
-        produced no token; itls_s are the gaps between consecutive token deliveries (one entry
-        per delivery after the first; none for a non-streamed request)."""
+        produced no token; itls_s are per-token inter-token latencies: each delivery after the
+        first gives one entry per token it carries, its gap since the previous delivery divided
+        evenly over them (upstream's adjusted interval; none for a non-streamed request)."""
         with self._lock:
             self.num_requests.inc()
             self.prompt_tokens.inc(prompt_tokens)
