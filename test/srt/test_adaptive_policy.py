@@ -816,3 +816,32 @@ def test_nothing_can_pay_bound_is_safe_and_used_under_load():
     rows, js = np.nonzero(np.ones((256, K), dtype=bool))
     g = np.cumprod(big.alphas, axis=1)[rows, js]
     assert GoodputPolicy._nothing_can_pay(big, HEAVY.predict, g, rows, js)
+
+
+def test_prev_draft_lens_follow_every_observed_step():
+    """AdaptiveController.prev (the hysteresis input: last d per request slot, -1 for a new
+    request) equals a plain dict replay of the steps, although plain steps only write the
+    slots whose prev is not already 0."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    rng = random.Random(5)
+    c = AdaptiveController(parse_adaptive_config(None), 4, 12)
+    ref = {s: -1 for s in range(12)}
+    for step in range(300):
+        if rng.random() < 0.1:  # a new request takes a slot
+            slot = rng.randrange(12)
+            c.on_admit(slot)
+            ref[slot] = -1
+        slots = rng.sample(range(12), rng.randint(1, 12))
+        drafting = rng.random() < 0.3
+        lens = [rng.randint(0, 4) if drafting else 0 for _ in slots]
+        acc = [rng.randint(0, d) for d in lens]
+        reqs = [
+            SimpleNamespace(req_pool_idx=s, kv_len=50, draft=SimpleNamespace(num_pending=1))
+            for s in slots
+        ]
+        c.observe(reqs, lens, acc, 1e-3, step)
+        ref.update(zip(slots, lens, strict=True))
+        assert c.prev.tolist() == [ref[s] for s in range(12)]

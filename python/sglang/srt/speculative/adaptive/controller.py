@@ -51,6 +51,8 @@ class AdaptiveController:
             cfg.time_model, cfg.time_decay, cfg.time_prior_weight, cfg.online_correction
         )
         self.prev = np.full(num_slots, -1, dtype=np.int64)  # [num_slots] last d per slot
+        # slots whose prev is not 0 (a plain step writes only these)
+        self._prev_nonzero: set[int] = set(range(num_slots))
         self.overhead_s = 0.0  # EMA of step wall time minus forward time
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
         self._drafting_run = 0  # consecutive committed steps that drafted (cfg.probe_every)
@@ -93,6 +95,7 @@ class AdaptiveController:
         """A new request took request slot `slot`."""
         self.tracker.reset_slot(slot)
         self.prev[slot] = -1
+        self._prev_nonzero.add(slot)
 
     # ---------------------------------------------------------------- decide
     def time_fn(self, x: np.ndarray) -> np.ndarray:
@@ -199,7 +202,7 @@ class AdaptiveController:
         self.time_model.update(x, measured)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
         self.tracker.observe(slots, draft_lens, accepted)
-        self.prev[slots] = draft_lens
+        self._set_prev(slots, draft_lens, sum_d)
         self.last = {
             "bs": len(reqs),
             "sum_d": sum_d,
@@ -220,6 +223,23 @@ class AdaptiveController:
                 self.overhead_s * 1e3,
                 (len(reqs) + sum(accepted)) / max(1, len(reqs)),
             )
+
+    def _set_prev(self, slots: list[int], draft_lens: Sequence[int], sum_d: int) -> None:
+        """prev[slots] = draft_lens. On a plain step (sum_d == 0) only the slots whose prev is
+        not already 0 are written: under load that is usually none, and no array is built."""
+        nonzero = self._prev_nonzero
+        if sum_d:
+            self.prev[slots] = draft_lens
+            for slot, d in zip(slots, draft_lens, strict=True):
+                if d:
+                    nonzero.add(slot)
+                else:
+                    nonzero.discard(slot)
+        elif nonzero:
+            stale = [slot for slot in slots if slot in nonzero]
+            if stale:
+                self.prev[stale] = 0
+                nonzero.difference_update(stale)
 
     # ---------------------------------------------------------------- report
     def _last_predicted(self) -> float:
