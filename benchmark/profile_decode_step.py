@@ -65,9 +65,11 @@ DEFAULT_MODEL = f"{REPO}/benchmark/configs/llama31_8b_dummy"
 
 
 def one_mode(a: argparse.Namespace) -> dict:
+    from sglang.srt.utils.process import apply_gil_switch_interval
     from sglang.test.scheduler_utils import make_scheduler, submit
 
     torch.set_grad_enabled(False)
+    switch_s = apply_gil_switch_interval()  # SGLANG_GIL_SWITCH_INTERVAL_MS, as a server's
     spec = {}
     trace: list[str] = []
     # EAGLE-3 (the bundled draft unless --draft-path)
@@ -125,6 +127,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     wall = time.perf_counter() - t0
     step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
+    out["gil_switch_interval_s"] = switch_s
     out["decode_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), wall)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()

@@ -1,8 +1,11 @@
-"""The CPU thread pools of a CUDA scheduler process (utils/process.py)."""
+"""Process-level settings of a scheduler process (utils/process.py): CPU thread pools, GIL switch
+interval."""
 
 import os
 import subprocess
 import sys
+
+import pytest
 
 from sglang.srt.utils.process import CPU_POOL_ENV, child_env, scheduler_thread_env
 
@@ -32,3 +35,24 @@ def test_child_env_reaches_the_child_and_the_parent_is_restored(monkeypatch):
     assert out.stdout.split() == ["1", "1"], out.stderr
     assert "OMP_NUM_THREADS" not in os.environ
     assert os.environ["MKL_NUM_THREADS"] == "3"
+
+
+def test_gil_switch_interval_knob(monkeypatch):
+    """SGLANG_GIL_SWITCH_INTERVAL_MS sets sys.setswitchinterval in milliseconds; unset keeps
+    Python's; anything but a positive finite number is a ValueError naming the variable."""
+    import sys
+
+    from sglang.srt.utils.process import apply_gil_switch_interval
+
+    saved = sys.getswitchinterval()
+    try:
+        monkeypatch.delenv("SGLANG_GIL_SWITCH_INTERVAL_MS", raising=False)
+        assert apply_gil_switch_interval() == saved
+        monkeypatch.setenv("SGLANG_GIL_SWITCH_INTERVAL_MS", "0.5")
+        assert apply_gil_switch_interval() == pytest.approx(0.0005)
+        for bad in ("0", "-1", "nan", "inf", "fast"):
+            monkeypatch.setenv("SGLANG_GIL_SWITCH_INTERVAL_MS", bad)
+            with pytest.raises(ValueError, match="SGLANG_GIL_SWITCH_INTERVAL_MS"):
+                apply_gil_switch_interval()
+    finally:
+        sys.setswitchinterval(saved)

@@ -331,7 +331,7 @@ class Scheduler:
 
 def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, port_args, pipe):
     """Entry point of the scheduler subprocess; reports readiness (or the startup error)."""
-    from sglang.srt.utils.process import set_parent_death_signal
+    from sglang.srt.utils.process import apply_gil_switch_interval, set_parent_death_signal
 
     set_parent_death_signal()
     # SIGTERM (Engine.shutdown, the server's exit) ends the process through SystemExit, so
@@ -343,6 +343,7 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
         level=server_args.log_level.upper(),
         format="[%(asctime)s scheduler] %(levelname)s %(message)s",
     )
+    apply_gil_switch_interval()
     try:
         if server_args.device == "cuda":
             torch.cuda.set_device(0)

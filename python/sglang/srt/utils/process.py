@@ -9,6 +9,8 @@ import sys
 
 import psutil
 
+from sglang.srt.server_args import env_flag
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -84,3 +86,24 @@ class child_env:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def apply_gil_switch_interval() -> float:
+    """Experiment knob: SGLANG_GIL_SWITCH_INTERVAL_MS (a positive number) sets this process's
+    sys.setswitchinterval. The scheduler thread and the overlap worker thread share the GIL,
+    and on small models a decode step is GIL-bound (py-spy on the H200,
+    benchmark/README.md, sixth session): how soon a waiting thread gets the GIL (Python's
+    default 5 ms) may matter. Returns the interval in effect (seconds). Raises ValueError for
+    a value that is not a positive number."""
+    raw = env_flag("GIL_SWITCH_INTERVAL_MS").strip()
+    if raw:
+        try:
+            ms = float(raw)
+        except ValueError:
+            ms = float("nan")
+        if not ms > 0 or ms == float("inf"):
+            raise ValueError(
+                f"SGLANG_GIL_SWITCH_INTERVAL_MS must be a positive number, got {raw!r}"
+            )
+        sys.setswitchinterval(ms / 1e3)
+    return sys.getswitchinterval()
