@@ -318,6 +318,9 @@ def test_server_args_validation():
     )
     with pytest.raises(ValueError, match="'fixed_k' 4 exceeds --speculative-num-steps 3"):
         resolve_speculative_args(a, bundled=False)
+    a.speculative_adaptive_config = '{"fixed_k": 4}'  # unused by goodput: still a mistake
+    with pytest.raises(ValueError, match="'fixed_k' 4 exceeds --speculative-num-steps 3"):
+        resolve_speculative_args(a, bundled=False)
     a.speculative_adaptive_config = '{"policy": "fixed", "fixed_k": 3}'
     resolve_speculative_args(a, bundled=False)
     assert a.speculative_num_steps == 3

@@ -245,3 +245,78 @@ def test_stream_client_gone_before_first_chunk_is_a_clean_abort(server):
     _healthy(server)
     log = server.log_text()[log_start:]
     assert "Traceback" not in log and "internal error" not in log, log[-3000:]
+
+
+# ---- text that is not Unicode, strict booleans, field combinations -----------------------------
+SURROGATE = b"a\\udc80b"  # JSON allows the escape; the decoded str cannot be UTF-8 encoded
+
+
+def _raw(obj: dict, marker: str = "@S@") -> bytes:
+    """obj as JSON with every marker string replaced by a lone-surrogate escape."""
+    return json.dumps(obj).encode().replace(marker.encode(), SURROGATE)
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (CHAT, chat(messages=[{"role": "user", "content": "@S@"}]), "messages[0].content"),
+        (
+            CHAT,
+            chat(messages=[{"role": "user", "content": [{"type": "text", "text": "@S@"}]}]),
+            "messages[0].content[0].text",
+        ),
+        (CHAT, chat(stop=["ok", "@S@"]), "stop[1]"),
+        (COMP, comp(prompt="@S@"), "prompt"),
+        (COMP, comp(prompt=["x", "@S@"]), "prompt[1]"),
+        (GEN, {"text": "@S@"}, "text"),
+        (GEN, {"text": "hi", "sampling_params": {"stop": ["@S@"]}}, "sampling_params.stop[0]"),
+    ],
+)
+def test_lone_surrogate_is_a_400_naming_its_path(server, path, body, param):
+    """A lone surrogate ("\\udc80") in chat content was a 500 with two tracebacks (the
+    tokenizer's TypeError), elsewhere a 400 without a param; now a 400 naming where it is."""
+    err = _assert_openai_error(_send(server, path, _raw(body)), 400, "lone UTF-16 surrogate")
+    assert err["param"] == param and err["message"].startswith(param)
+    _healthy(server)
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (GEN, {"text": "hi", "return_logprob": "yes"}, "return_logprob"),
+        (GEN, {"text": ["a", "b"], "return_logprob": [True, 1]}, "return_logprob"),
+        (GEN, {"text": "hi", "return_text_in_logprobs": 1}, "return_text_in_logprobs"),
+        (CHAT, chat(stream="yes"), "stream"),
+        (CHAT, chat(logprobs=1), "logprobs"),
+        (COMP, comp(echo="true"), "echo"),
+        (COMP, comp(ignore_eos=0), "ignore_eos"),
+        (COMP, comp(stream=True, stream_options={"include_usage": "yes"}), "stream_options"),
+    ],
+)
+def test_boolean_fields_take_json_booleans_only(server, path, body, param):
+    """OpenAI (and the fork's integer fields) refuse other JSON types for a boolean; "yes" was
+    taken as true."""
+    err = _assert_openai_error(_send(server, path, body), 400, param)
+    assert err["param"] is not None and err["param"].startswith(param)
+    _healthy(server)
+
+
+def test_stream_options_need_stream_and_messages_need_content(server):
+    """As upstream and OpenAI: stream_options without stream is a 400; a non-assistant
+    message without content is a 400 (an assistant message may omit it)."""
+    for path, body in (
+        (COMP, comp(stream_options={"include_usage": True})),
+        (CHAT, chat(stream_options={"include_usage": True})),
+    ):
+        _assert_openai_error(_send(server, path, body), 400, "'stream_options' is only allowed")
+    for role in ("user", "system"):
+        msgs = [{"role": role}] + ([{"role": "user", "content": "hi"}] if role == "system" else [])
+        err = _assert_openai_error(_send(server, CHAT, chat(messages=msgs)), 400, "'content'")
+        assert err["param"].startswith("messages[0]")
+    ok = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant"},
+        {"role": "user", "content": "x"},
+    ]
+    _served(_send(server, CHAT, chat(messages=ok)))
+    _healthy(server)

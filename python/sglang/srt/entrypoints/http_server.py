@@ -44,6 +44,7 @@ from sglang.srt.entrypoints.openai.serving_completions import (
     sse_frames,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.request_validation import lone_surrogate_message, lone_surrogate_path
 from sglang.srt.metrics.collector import CONTENT_TYPE, TokenizerMetricsCollector
 from sglang.srt.server_args import ServerArgs
 
@@ -90,6 +91,9 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
             raise OpenAIError(f"invalid JSON body: {e}", 400) from e
     if not isinstance(data, dict):
         raise OpenAIError("request body must be a JSON object", 400)
+    bad = lone_surrogate_path(data)
+    if bad is not None:
+        raise OpenAIError(lone_surrogate_message(bad), 400, param=bad)
     unknown = sorted(set(data) - _GENERATE_FIELDS)
     if unknown:
         raise OpenAIError(f"unknown field(s): {', '.join(unknown)}", 400, param=unknown[0])
@@ -102,6 +106,8 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
         ),
         "sampling_params": lambda v: isinstance(v, dict) or _list_of(v, dict),
         "stream": lambda v: isinstance(v, bool),
+        "return_logprob": lambda v: isinstance(v, bool) or _list_of_bools(v),
+        "return_text_in_logprobs": lambda v: isinstance(v, bool),
         "rid": lambda v: isinstance(v, str) or _list_of(v, str),
     }
     for name, ok in checks.items():
@@ -111,6 +117,10 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
         if data.get(name) is not None and len(data[name]) == 0:
             raise OpenAIError(f"'{name}' must not be empty", 400, param=name)
     return GenerateReqInput(**data)
+
+
+def _list_of_bools(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, bool) for x in v)
 
 
 def _list_of(v: Any, typ: type) -> bool:

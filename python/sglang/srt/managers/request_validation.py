@@ -160,3 +160,31 @@ def check_n(n: object) -> int:
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise ValueError(f"n must be an integer in [1, {MAX_N}], got {json_text(n)}")
     return n
+
+
+def lone_surrogate_path(value: object, path: str = "") -> str | None:
+    """The path (e.g. "messages[0].content", "stop[1]") of the first string in a decoded JSON
+    value that holds a lone UTF-16 surrogate (JSON allows "\\udc80"; such a string cannot be
+    encoded as UTF-8, so no tokenizer takes it), or None. Walks dicts and lists."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = lone_surrogate_path(v, f"{path}.{k}" if path else str(k))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = lone_surrogate_path(v, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def lone_surrogate_message(path: str) -> str:
+    """The one wording of the lone-surrogate error (every route)."""
+    return f"{path} is not valid Unicode text: it contains a lone UTF-16 surrogate"

@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -26,7 +27,14 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from sglang.srt.managers.request_validation import MAX_N, MAX_TOP_LOGPROBS, check_n
+from sglang.srt.entrypoints.openai.errors import OpenAIError
+from sglang.srt.managers.request_validation import (
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    check_n,
+    lone_surrogate_message,
+    lone_surrogate_path,
+)
 from sglang.srt.sampling.sampling_params import json_text
 
 _ALLOWED_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -100,7 +108,7 @@ def _strict_number(model: type[BaseModel], v: Any, info: ValidationInfo) -> Any:
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class SamplingFields(BaseModel):
@@ -109,9 +117,25 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        """A string with a lone UTF-16 surrogate ("\\udc80" in the JSON) anywhere in the body
+        is a 400 naming its path (raised as OpenAIError, which pydantic does not wrap)."""
+        bad = lone_surrogate_path(data)
+        if bad is not None:
+            raise OpenAIError(lone_surrogate_message(bad), 400, param=bad)
+        return data
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> Any:
+        if self.stream_options is not None and not self.stream:  # as upstream and OpenAI
+            raise ValueError("'stream_options' is only allowed when 'stream' is true")
+        return self
+
     model: str = "default"
     n: int = Field(1, ge=1, le=MAX_N)  # checked by check_n, as /generate's n
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -126,11 +150,11 @@ class SamplingFields(BaseModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     min_tokens: int | None = Field(None, ge=0)
-    ignore_eos: bool | None = None
+    ignore_eos: StrictBool | None = None
     stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    no_stop_trim: StrictBool | None = None
     max_draft_tokens: int | None = Field(None, ge=0)
     regex: str | None = None
     json_schema: str | None = None
@@ -190,7 +214,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int = Field(16, ge=0)
-    echo: bool = False
+    echo: StrictBool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
@@ -254,6 +278,12 @@ class ChatMessage(BaseModel):
                     )
         return v
 
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":  # OpenAI: only an assistant
+            raise ValueError(f"'content' is required in a '{self.role}' message")  # may omit it
+        return self
+
     def text(self) -> str:
         """The message content as one string (text parts joined)."""
         if self.content is None:
@@ -269,13 +299,13 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     chat_template_kwargs: dict | None = None
-    continue_final_message: bool = False
+    continue_final_message: StrictBool = False
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:

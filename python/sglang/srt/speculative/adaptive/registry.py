@@ -194,8 +194,9 @@ _FACTORIES = {
 
 def build_policy(cfg: AdaptiveConfig, k: int) -> GoodputPolicy | FixedKPolicy | TierPolicy:
     """The draft-length policy named by cfg.policy, for server draft length K = k. Raises
-    ValueError when fixed_k exceeds K (tier lengths above K are capped at K like every draft
-    length: the default table drafts 3 at batch 1 also when K < 3)."""
-    if cfg.policy == "fixed" and cfg.fixed_k is not None and cfg.fixed_k > k:
+    ValueError when fixed_k exceeds K, whatever the policy (a value that could never apply is
+    a mistake in the config; tier lengths above K are capped at K like every draft length: the
+    default table drafts 3 at batch 1 also when K < 3)."""
+    if cfg.fixed_k is not None and cfg.fixed_k > k:
         raise _err(f"'fixed_k' {cfg.fixed_k} exceeds --speculative-num-steps {k}")
     return _FACTORIES[cfg.policy](cfg, k)
