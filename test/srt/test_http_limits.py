@@ -320,3 +320,11 @@ def test_stream_options_need_stream_and_messages_need_content(server):
     ]
     _served(_send(server, CHAT, chat(messages=ok)))
     _healthy(server)
+
+
+def test_null_n_means_one_on_the_openai_routes(server):
+    """OpenAI's n is nullable (null = 1): one choice, not a 400."""
+    for path, body in ((CHAT, chat(n=None)), (COMP, comp(n=None))):
+        r = _send(server, path, body)
+        _served(r)
+        assert len(r.json()["choices"]) == 1

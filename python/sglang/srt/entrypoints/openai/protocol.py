@@ -165,6 +165,8 @@ class SamplingFields(BaseModel):
     @classmethod
     def _strict_numbers(cls, v: Any, info: ValidationInfo) -> Any:
         if info.field_name == "n":  # /generate's rule and wording
+            if v is None:  # OpenAI's n is nullable: null means the default, 1
+                return 1
             try:
                 return check_n(v)
             except ValueError as e:
