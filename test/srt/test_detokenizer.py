@@ -190,3 +190,29 @@ def test_detokenizer_manager(tokenizer) -> None:
     assert len(mgr) == 1
     with pytest.raises(KeyError):
         mgr.get("a")
+
+
+def test_backend_decode_equals_tokenizer_decode(tokenizer) -> None:
+    """The fast path (tokenizers' decode, skipping transformers' Python wrapper) gives exactly
+    tokenizer.decode's text, on random ids (special ones included) with and without
+    skip_special_tokens; a tokenizer that cleans up tokenization spaces keeps the slow path."""
+    import copy
+    import random
+
+    from sglang.srt.managers.detokenizer_manager import backend_decode
+
+    fast = backend_decode(tokenizer)
+    assert fast is not None  # the bundled SmolLM2 tokenizer: fast, no clean-up
+    rng = random.Random(0)
+    special = list(tokenizer.all_special_ids)
+    for _ in range(300):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 12))]
+        ids[rng.randrange(len(ids))] = rng.choice(special)
+        for skip in (True, False):
+            assert fast(ids, skip_special_tokens=skip) == tokenizer.decode(
+                ids, skip_special_tokens=skip
+            )
+    cleaning = copy.copy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    assert backend_decode(cleaning) is None
+    assert backend_decode(object()) is None  # not a transformers fast tokenizer

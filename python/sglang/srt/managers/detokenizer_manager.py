@@ -21,6 +21,23 @@ INIT_INCREMENTAL_DETOKENIZATION_OFFSET = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
+def backend_decode(tokenizer: Any) -> Any:
+    """The `tokenizers.Tokenizer.decode` behind a transformers fast tokenizer, when calling it
+    gives exactly what `tokenizer.decode` gives (no clean-up of tokenization spaces: then
+    transformers' fast `_decode` returns the backend's text unchanged, and
+    spaces_between_special_tokens only applies to slow tokenizers); else None.
+
+    Why: per call, transformers' decode spends ~6 us in Python (argument conversion and
+    checks) around a ~1 us Rust decode, and the scheduler decodes twice per streamed request
+    per step (flush: 0.64 ms per step at 64 streamed requests on the CPU machine, 80% of it in
+    decode)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    decode = getattr(backend, "decode", None)
+    return decode if callable(decode) else None
+
+
 class IncrementalDetokenizer:
     """Decodes output ids incrementally; `text` only ever grows by complete characters.
 
@@ -41,6 +58,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
+        self._fast = backend_decode(tokenizer)  # None: through tokenizer.decode
         tail = list(prompt_ids_tail or [])[-INIT_INCREMENTAL_DETOKENIZATION_OFFSET:]
         self.all_ids: list[int] = tail  # context tail + output ids
         self.num_context_ids = len(tail)
@@ -51,6 +69,8 @@ class IncrementalDetokenizer:
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, ids: list[int]) -> str:
+        if self._fast is not None:
+            return self._fast(ids, skip_special_tokens=self.skip_special_tokens)
         return self.tokenizer.decode(
             ids,
             skip_special_tokens=self.skip_special_tokens,
