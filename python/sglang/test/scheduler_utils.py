@@ -43,7 +43,7 @@ def collect(sched: Scheduler, outputs: dict[str, dict]) -> None:
         for i, rid in enumerate(msg.rids):
             out = outputs.setdefault(rid, {"output_ids": [], "finish": None})
             out["output_ids"].extend(msg.output_ids_delta[i])
-            out["text"] = msg.text[i]
+            out["text"] = msg.apply_text_delta(i, out.get("text", ""))
             out["meta"] = msg.meta[i]
             out["logprobs"] = out.get("logprobs", []) + list(
                 msg.output_token_logprobs_delta[i] or []

@@ -105,8 +105,11 @@ class GetInternalStateReqOutput:
 class BatchStrOut:
     """Per-request increments produced in one scheduler step.
 
-    For request rids[i]: output_ids_delta[i] new token ids, text[i] the full decoded text so far
-    (stop strings trimmed), finished_reason[i] None while running, else
+    For request rids[i]: output_ids_delta[i] new token ids; text[i] the decoded text (stop
+    strings trimmed) from character text_offset[i] on: the full text so far is the text received
+    before, cut to text_offset[i] characters, plus text[i] (apply_text_delta; no text_offset
+    list: text[i] is the full text). Sending the new text only keeps each step's message small
+    whatever the output length. finished_reason[i] None while running, else
     {"type": "stop"|"length"|"abort", "matched": ...}; meta[i] counters (prompt_tokens,
     completion_tokens, cached_tokens, ...). Logprob lists hold the new entries only.
     first_token_time[i] is the time.perf_counter() at which the scheduler committed the
@@ -124,3 +127,10 @@ class BatchStrOut:
     input_token_logprobs: list[list | None] = field(default_factory=list)
     input_top_logprobs: list[list | None] = field(default_factory=list)
     first_token_time: list[float | None] = field(default_factory=list)
+    text_offset: list[int] = field(default_factory=list)
+
+    def apply_text_delta(self, i: int, previous: str) -> str:
+        """The full text of request i after this message, given the text before it."""
+        if not self.text_offset:
+            return self.text[i]
+        return previous[: self.text_offset[i]] + self.text[i]

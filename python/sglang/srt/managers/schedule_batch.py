@@ -95,6 +95,7 @@ class Req:
         self.detok: Any = None  # IncrementalDetokenizer (scheduler process)
         self.text_limit: int | None = None  # output text is cut here (stop string / token)
         self.sent_output_len = 0  # output ids already sent to the tokenizer manager
+        self.sent_text = ""  # the text last sent to it (BatchStrOut sends what follows)
         # time.perf_counter() when the first output token was committed (TTFT; sent along)
         self.first_token_time: float | None = None
 

@@ -239,7 +239,14 @@ class OutputProcessor:
             text = text[: req.text_limit]
         elif not req.finished() and req.sampling_params.stop_strs:
             text = text[: len(text) - stop_prefix_holdback(text, req.sampling_params.stop_strs)]
-        out.text.append(text)
+        prev = req.sent_text
+        if text.startswith(prev):  # the usual case: only the new text crosses the process
+            out.text.append(text[len(prev) :])
+            out.text_offset.append(len(prev))
+        else:  # never expected (sent text is never withdrawn): resend it whole
+            out.text.append(text)
+            out.text_offset.append(0)
+        req.sent_text = text
         out.output_ids_delta.append(new_ids)
         out.first_token_time.append(req.first_token_time)
         out.finished_reason.append(req.finished_reason.to_json() if req.finished() else None)

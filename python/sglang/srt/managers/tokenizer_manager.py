@@ -305,7 +305,7 @@ class TokenizerManager:
                     n = len(msg.output_ids_delta[i])
                     state.itls.extend([(now - state.last_token_time) / n] * n)
                 state.last_token_time = now
-            state.text = msg.text[i]
+            state.text = msg.apply_text_delta(i, state.text)
             state.output_ids.extend(msg.output_ids_delta[i])
             state.meta = dict(msg.meta[i])
             if state.return_logprob:
