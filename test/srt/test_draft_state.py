@@ -122,6 +122,36 @@ def test_compaction_gathers_only_new_rows_and_drafting_sees_all_in_order(monkeyp
     assert gathers == [COMPACT_CHUNKS] * 4
     assert d.num_compacted == 4 and d.num_uncompacted == 3 and d.num_pending == len(want)
     assert torch.equal(d.hidden_states, torch.stack(want))
-    assert gathers[-1] == len(want) and len(d.chunks) == 1 and d.num_compacted == 1
+    assert len(gathers) == 4 and len(d.chunks) == 1 and d.num_compacted == 1  # joined by slices
+    assert d.chunks[0][0].shape[0] == len(want)  # a tensor of its own rows only
     d.clear()
     assert d.num_compacted == 0 and d.hidden_states is None
+
+
+def test_drafting_request_copies_only_its_rows_of_shared_segments(monkeypatch):
+    """Segments are shared by the requests compacted together; when one of them drafts, its
+    rows are joined into a tensor of its own rows: the concatenation reads its 48 rows, not
+    the 8 x 48 rows of the whole segments."""
+    import sglang.srt.speculative.spec_info as spec_info
+
+    drafts = [EagleDraftInput() for _ in range(8)]
+    want = [[] for _ in drafts]
+    for _ in range(3 * COMPACT_CHUNKS):
+        step = torch.randn(len(drafts), 4)
+        for r, d in enumerate(drafts):
+            d.append_rows(step, r, r + 1, max_pending=1024, compact=False)
+            want[r].append(step[r].clone())
+        due = [d for d in drafts if d.compaction_due]
+        spec_info.compact_pending(due)
+    assert all(d.num_compacted == 3 for d in drafts)
+    assert drafts[2].chunks[0][0] is drafts[5].chunks[0][0]  # shared segment
+    cat_rows = []
+    real_cat = torch.cat
+    monkeypatch.setattr(
+        spec_info.torch, "cat", lambda xs: cat_rows.append(sum(len(x) for x in xs)) or real_cat(xs)
+    )
+    h = drafts[2].hidden_states
+    assert cat_rows == [3 * COMPACT_CHUNKS]
+    assert torch.equal(h, torch.stack(want[2])) and h.shape[0] == 3 * COMPACT_CHUNKS
+    assert drafts[2].chunks[0][0].shape[0] == 3 * COMPACT_CHUNKS  # not 8 x that
+    assert torch.equal(drafts[5].hidden_states, torch.stack(want[5]))  # others unaffected

@@ -135,12 +135,12 @@ def compact_pending(drafts: list[EagleDraftInput], full: bool = False) -> None:
     record_stream (once per distinct source) keeps their memory from being reused there before
     this copy has read it. The result lives as long as any draft still references its range
     (until each of them drafts or finishes)."""
-    picked: list[tuple[EagleDraftInput, int]] = []  # (draft, first chunk gathered)
-    for d in drafts:
-        if full and len(d.chunks) > 1:
-            picked.append((d, 0))
-        elif not full and d.num_uncompacted > 0:
-            picked.append((d, d.num_compacted))
+    if full:
+        for d in drafts:
+            if len(d.chunks) > 1:
+                _join_chunks(d)
+        return
+    picked = [(d, d.num_compacted) for d in drafts if d.num_uncompacted > 0]  # (draft, first)
     if not picked:
         return
     sources: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (tensor, first row in the cat)
@@ -172,6 +172,19 @@ def compact_pending(drafts: list[EagleDraftInput], full: bool = False) -> None:
         d.chunks = d.chunks[:first] + [(cat, off, off + n)]
         d.num_compacted = len(d.chunks)
         off += n
+
+
+def _join_chunks(d: EagleDraftInput) -> None:
+    """All of d's chunks as one tensor of its own rows (slices, then one concatenation).
+    Segments are shared with the requests compacted alongside, so concatenating whole sources
+    (compact_pending's batch path) would copy theirs too."""
+    joined = torch.cat([t[a:b] for t, a, b in d.chunks])
+    if joined.is_cuda:
+        stream = torch.cuda.current_stream(joined.device)
+        for t in {id(t): t for t, _, _ in d.chunks}.values():
+            t.record_stream(stream)
+    d.chunks = [(joined, 0, joined.shape[0])]
+    d.num_compacted = 1
 
 
 @dataclass
