@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import sys
@@ -101,7 +102,7 @@ def apply_gil_switch_interval() -> float:
             ms = float(raw)
         except ValueError:
             ms = float("nan")
-        if not ms > 0 or ms == float("inf"):
+        if not (math.isfinite(ms) and ms > 0):
             raise ValueError(
                 f"SGLANG_GIL_SWITCH_INTERVAL_MS must be a positive number, got {raw!r}"
             )

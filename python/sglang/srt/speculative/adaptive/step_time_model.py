@@ -193,8 +193,9 @@ class StepTimeModel:
             self._dirty = False
 
 
-SOLVE_EVERY = 64  # updates between re-solves when nothing reads the model (a solve is ~0.1-0.2
-# ms of numpy: every 8 steps it was 12 us per plain step at batch 1 on the CPU machine)
+# Updates between re-solves when nothing reads the model. A solve is ~0.1-0.2 ms of numpy:
+# every 8 updates it cost 12 us per plain step at batch 1 on the CPU machine.
+SOLVE_EVERY = 64
 
 
 def _ridge_nonneg(gram: np.ndarray, rhs: np.ndarray, prior: np.ndarray, lam: float) -> np.ndarray:
