@@ -56,3 +56,13 @@ def test_gil_switch_interval_knob(monkeypatch):
                 apply_gil_switch_interval()
     finally:
         sys.setswitchinterval(saved)
+
+
+def test_bad_gil_switch_interval_fails_engine_start_naming_it(monkeypatch, tiny_model_dir):
+    """The scheduler process reports the bad value like any start-up error (before, it died
+    before reporting: "scheduler exited with code None")."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    monkeypatch.setenv("SGLANG_GIL_SWITCH_INTERVAL_MS", "fast")
+    with pytest.raises(RuntimeError, match="SGLANG_GIL_SWITCH_INTERVAL_MS must be a positive"):
+        Engine(model_path=tiny_model_dir, device="cpu")

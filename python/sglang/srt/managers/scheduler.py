@@ -343,8 +343,8 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
         level=server_args.log_level.upper(),
         format="[%(asctime)s scheduler] %(levelname)s %(message)s",
     )
-    apply_gil_switch_interval()
     try:
+        apply_gil_switch_interval()  # a bad value is reported like any start-up error
         if server_args.device == "cuda":
             torch.cuda.set_device(0)
         scheduler = Scheduler(server_args, model_config, port_args)
