@@ -34,7 +34,8 @@ prompt ids, greedy, ignore_eos) and reports
 - --kernel-table: the CUDA kernels of 8 replays of the step's graph (CUPTI), by total time;
 - --py-spy-steps N (py-spy on PATH or --py-spy-bin): py-spy attached to this process while
   the scheduler runs N more decode steps, once sampling only the GIL holder and once every
-  thread; per thread the top leaf frames in the JSON, raw stacks next to --result-file.
+  thread; per thread the top leaf frames in the JSON, raw stacks next to --result-file;
+  --py-spy-ttft: the same (every thread, waiting included) over the TTFT rounds.
 
 Only CUDA: the point is device idle time. Results are written as JSON (rewritten per mode).
 """
@@ -128,6 +129,8 @@ def one_mode(a: argparse.Namespace) -> dict:
     step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
     out["gil_switch_interval_s"] = switch_s
+    if sched.worker_client is not None:  # SGLANG_OVERLAP_THREAD: where steps launch
+        out["overlap_launch_thread"] = "worker" if sched.worker_client.threaded else "scheduler"
     out["decode_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), wall)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
@@ -184,6 +187,11 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
     # commit up to K + 1 tokens per step and may finish the batch early)
     prof = None
     cprof = cProfile.Profile() if a.cprofile else None
+    spy = None
+    if a.py_spy_ttft:  # every thread, waiting included, over all the rounds
+        raw = (a.result_file or "/tmp/decode_step.json").rsplit(".", 1)[0]
+        raw += f"_{a.mode}_ttft_pyspy_idle.txt"
+        spy = _start_spy(a.py_spy_bin or "py-spy", "idle", raw, sched, a)
     cpu0, wall0 = _thread_cpu_s(), time.perf_counter()
     for r in range(a.ttft_rounds):
         if a.mtbench:
@@ -215,6 +223,8 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
             sched.step()
     out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms, "running": running}
     out["ttft_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), time.perf_counter() - wall0)
+    if spy is not None:
+        out["ttft_py_spy_idle"] = {"raw_file": raw, **_stop_spy(spy, raw)}
     if cprof is not None:  # the scheduler thread over the TTFT rounds
         text = io.StringIO()
         pstats.Stats(cprof, stream=text).sort_stats("cumulative").print_stats(40)
@@ -248,23 +258,34 @@ def _py_spy_window(sched, a: argparse.Namespace) -> dict:
     out: dict = {}
     for kind in ("gil", "idle"):
         raw = f"{base}_pyspy_{kind}.txt"
-        cmd = [spy, "record", "-p", str(os.getpid()), "--nonblocking", "-r", "1000"]
-        cmd += ["--threads", "-f", "raw", "-o", raw, f"--{kind}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 1.0:  # py-spy attaches: steps it samples, untimed
-            sched.step()
-        _sync(a.device)
+        proc = _start_spy(spy, kind, raw, sched, a)
         t0 = time.perf_counter()
         for _ in range(half):
             sched.step()
         _sync(a.device)
         wall = time.perf_counter() - t0
-        proc.send_signal(2)  # SIGINT: py-spy writes what it sampled
-        log = proc.communicate(timeout=60)[0].decode(errors="replace")
         out[f"py_spy_{kind}"] = {"step_ms": 1e3 * wall / half, "raw_file": raw}
-        out[f"py_spy_{kind}"].update(_spy_summary(raw, log))
+        out[f"py_spy_{kind}"].update(_stop_spy(proc, raw))
     return out
+
+
+def _start_spy(spy: str, kind: str, raw: str, sched, a: argparse.Namespace):
+    """py-spy recording this process (--gil or --idle, every thread, raw stacks to `raw`),
+    after one second of untimed scheduler steps while it attaches (they are sampled too)."""
+    cmd = [spy, "record", "-p", str(os.getpid()), "--nonblocking", "-r", "1000"]
+    cmd += ["--threads", "-f", "raw", "-o", raw, f"--{kind}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 1.0:
+        sched.step()
+    _sync(a.device)
+    return proc
+
+
+def _stop_spy(proc, raw: str) -> dict:
+    proc.send_signal(2)  # SIGINT: py-spy writes what it sampled
+    log = proc.communicate(timeout=60)[0].decode(errors="replace")
+    return _spy_summary(raw, log)
 
 
 def _spy_summary(raw: str, log: str) -> dict:
@@ -368,6 +389,9 @@ def main() -> None:
     p.add_argument("--kernel-table", action="store_true", help="CUDA kernels of 8 replays")
     p.add_argument("--py-spy-steps", type=int, default=0, help="decode steps sampled by py-spy")
     p.add_argument("--py-spy-bin", default=None, help="py-spy executable (default: on PATH)")
+    p.add_argument(
+        "--py-spy-ttft", action="store_true", help="py-spy --idle over the --ttft-rounds"
+    )
     p.add_argument(
         "--default-cpu-pools",
         action="store_true",

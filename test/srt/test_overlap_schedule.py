@@ -333,3 +333,79 @@ def test_spec_chunked_sampled_prefill_identical(tiny_model_dir, draft_dir, monke
     assert_same(off, on, keys=("output_ids", "text", "finish", "logprobs"))
     assert all(len(o["output_ids"]) == 10 for o in on.values())
     assert len(launched) >= 3  # prefill chunks went through the queued path
+
+
+# ------------------------------------------------------------------ where steps launch
+def test_overlap_thread_flag(monkeypatch):
+    from sglang.srt.managers.tp_worker_overlap_thread import overlap_thread_from_env
+
+    monkeypatch.delenv("SGLANG_OVERLAP_THREAD", raising=False)
+    assert overlap_thread_from_env() is False  # default: the scheduler thread launches
+    monkeypatch.setenv("SGLANG_OVERLAP_THREAD", "1")
+    assert overlap_thread_from_env() is True
+    monkeypatch.setenv("SGLANG_OVERLAP_THREAD", "yes")
+    with pytest.raises(ValueError, match="SGLANG_OVERLAP_THREAD must be 0 or 1, got 'yes'"):
+        overlap_thread_from_env()
+
+
+@pytest.mark.parametrize("threaded", ["0", "1"])
+def test_launch_thread_modes_identical(tiny_model_dir, draft_dir, monkeypatch, threaded):
+    """Both launch modes (scheduler thread, worker thread) give the non-overlap outputs, plain
+    and speculative (fixed K, some requests drafting), and pipeline steps."""
+    monkeypatch.setenv("SGLANG_OVERLAP_THREAD", threaded)
+    ps = prompts(8, seed=3)
+
+    def jobs(sched):
+        for i, p in enumerate(ps):
+            submit(sched, f"t{i}", p, {**GREEDY, "max_new_tokens": 5 + 2 * i})
+
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=2,
+    )
+    for kw, job in ((dict(), jobs), (spec, spec_jobs(ps, [2, 0, 1, 0, 0, 2, 0, 0]))):
+        off, on, scheds = run_both(tiny_model_dir, job, **kw)
+        assert_same(off, on)
+        client = scheds[1].worker_client
+        assert (client.thread is not None) is (threaded == "1")
+        assert scheds[1].stats["overlap_pipelined_steps"] > 0
+
+
+class _FailingWorker:
+    """A worker whose second launch raises."""
+
+    device = torch.device("cpu")
+    pools = ()
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forward_batch_generation_launch(self, mwb):
+        from sglang.srt.managers.pending_result import PendingResult
+        from sglang.srt.managers.schedule_batch import GenerationBatchResult
+
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("launch failed")
+        return PendingResult.done(GenerationBatchResult(next_token_ids=[]))
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_launch_error_raised_at_resolve(threaded):
+    """An exception of a launch reaches the scheduler at resolve(), in launch order, in both
+    modes; the steps before it resolve normally and later steps still run."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
+
+    client = TpModelWorkerClient(_FailingWorker(), 4, threaded=threaded)
+    mwb = SimpleNamespace(input_ids=torch.tensor([1, 2]), req_pool_indices=[0, 1])
+    handles = [client.forward_batch_generation_async(mwb) for _ in range(3)]
+    assert client.resolve(handles[0]).next_token_ids == []
+    with pytest.raises(RuntimeError, match="launch failed"):
+        client.resolve(handles[1])
+    assert client.resolve(handles[2]).next_token_ids == []
+    with pytest.raises(ValueError, match="out of order"):
+        client.resolve(0)
+    client.shutdown()

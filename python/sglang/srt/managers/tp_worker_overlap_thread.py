@@ -31,12 +31,23 @@ step's KV advance and token count must be known in advance (prefill chunks, plai
 speculative steps with every d_i = 0). Otherwise the scheduler resolves and commits the
 in-flight step before building the next one.
 
-On CUDA the thread runs forwards on its own stream, after waiting for an event the scheduler
+On CUDA forwards run on the client's own stream, after waiting for an event the scheduler
 thread records when it launches a step (so req_to_token writes of that step are visible).
+
+Where the launch runs (`SGLANG_OVERLAP_THREAD`):
+- `0` (the default): on the scheduler thread itself, at forward_batch_generation_async. Queuing
+  a step's kernels never waits for the device, so the scheduler still prepares step N+1 while
+  step N runs; what it saves is the GIL hand-over between two Python threads. On the H200 the
+  scheduler and a worker thread each held the GIL for about half a millisecond per step, and
+  the worker, waiting for the GIL after each CUDA call, was the step's critical path (py-spy,
+  benchmark/README.md "seventh session"). Upstream SGLang made the same move: its overlap
+  scheduler launches on a forward stream from the scheduler thread.
+- `1`: on a dedicated worker thread (the original design, kept for comparison).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
@@ -46,6 +57,7 @@ import torch
 
 from sglang.srt.managers.pending_result import PendingResult
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
+from sglang.srt.server_args import env_flag
 
 
 def future_placeholder(future_index: int) -> int:
@@ -78,19 +90,27 @@ class TpModelWorkerClient:
     and returns its GenerationBatchResult. Handles must be resolved in launch order.
     """
 
-    def __init__(self, worker: Any, num_future_slots: int) -> None:
+    def __init__(self, worker: Any, num_future_slots: int, threaded: bool | None = None) -> None:
+        """threaded: launch on a worker thread (True) or on the caller's thread (False);
+        None reads SGLANG_OVERLAP_THREAD ("1" = threaded, default "0"). Raises ValueError on
+        any other value of the variable."""
         self.worker = worker
         self.device = worker.device
         # [num_future_slots] int64 on the worker's device: newest sampled token of each slot
         self.future_ids = torch.zeros(num_future_slots, dtype=torch.int64, device=self.device)
         self.on_cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
-        self.input_queue: queue.Queue[_Launch | None] = queue.Queue()
-        self.output_queue: queue.Queue[tuple[int, Any]] = queue.Queue()
         self.next_handle = 0
         self.next_to_resolve = 0
-        self.thread = threading.Thread(target=self._loop, name="tp-worker-overlap", daemon=True)
-        self.thread.start()
+        self.threaded = overlap_thread_from_env() if threaded is None else threaded
+        # Same-thread mode: launched steps in launch order, (handle, PendingResult or exception)
+        self.launched: collections.deque[tuple[int, Any]] = collections.deque()
+        self.thread: threading.Thread | None = None
+        if self.threaded:
+            self.input_queue: queue.Queue[_Launch | None] = queue.Queue()
+            self.output_queue: queue.Queue[tuple[int, Any]] = queue.Queue()
+            self.thread = threading.Thread(target=self._loop, name="tp-worker-overlap", daemon=True)
+            self.thread.start()
 
     @property
     def pools(self) -> tuple:
@@ -105,7 +125,10 @@ class TpModelWorkerClient:
             ready.record()  # after this thread's req_to_token writes for the step
         handle = self.next_handle
         self.next_handle += 1
-        self.input_queue.put(_Launch(handle, mwb, ready))
+        if self.thread is None:
+            self.launched.append((handle, self._execute(_Launch(handle, mwb, ready))))
+        else:
+            self.input_queue.put(_Launch(handle, mwb, ready))
         return handle
 
     def resolve(self, handle: int) -> GenerationBatchResult:
@@ -116,7 +139,7 @@ class TpModelWorkerClient:
         """
         if handle != self.next_to_resolve:
             raise ValueError(f"resolve({handle}) out of order: expected {self.next_to_resolve}")
-        got, out = self.output_queue.get()
+        got, out = self.launched.popleft() if self.thread is None else self.output_queue.get()
         assert got == handle
         self.next_to_resolve += 1
         if isinstance(out, BaseException):
@@ -128,8 +151,9 @@ class TpModelWorkerClient:
         return self.resolve(self.forward_batch_generation_async(mwb))
 
     def shutdown(self) -> None:
-        self.input_queue.put(None)
-        self.thread.join()
+        if self.thread is not None:
+            self.input_queue.put(None)
+            self.thread.join()
 
     # ---------------------------------------------------------------- worker thread
     def _loop(self) -> None:
@@ -140,16 +164,20 @@ class TpModelWorkerClient:
             item = self.input_queue.get()
             if item is None:
                 return
-            try:
-                if self.stream is not None:
-                    with torch.cuda.stream(self.stream):
-                        self.stream.wait_event(item.ready)
-                        out: Any = self._run(item.mwb)
-                else:
-                    out = self._run(item.mwb)
-            except BaseException as e:  # handed to the scheduler thread, which raises it
-                out = e
-            self.output_queue.put((item.handle, out))
+            self.output_queue.put((item.handle, self._execute(item)))
+
+    def _execute(self, item: _Launch) -> Any:
+        """Launch one step on the client's stream: its PendingResult, or the exception it
+        raised (handed to resolve(), which raises it on the scheduler thread)."""
+        try:
+            with torch.no_grad():
+                if self.stream is None:
+                    return self._run(item.mwb)
+                with torch.cuda.stream(self.stream):
+                    self.stream.wait_event(item.ready)
+                    return self._run(item.mwb)
+        except BaseException as e:
+            return e
 
     def _run(self, mwb: ModelWorkerBatch) -> PendingResult:
         if bool((mwb.input_ids < 0).any()):  # CPU tensor: no device sync
@@ -169,3 +197,12 @@ class TpModelWorkerClient:
             dev = self.future_ids.device
             self.future_ids[slots.to(dev, non_blocking=True)] = vals.to(dev, non_blocking=True)
         return pending
+
+
+def overlap_thread_from_env() -> bool:
+    """SGLANG_OVERLAP_THREAD: "1" launches steps on a worker thread, "0" (default) on the
+    scheduler thread. Raises ValueError naming the variable on any other value."""
+    raw = env_flag("OVERLAP_THREAD", "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"SGLANG_OVERLAP_THREAD must be 0 or 1, got {raw!r}")
+    return raw == "1"
