@@ -331,7 +331,11 @@ class Scheduler:
 
 def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, port_args, pipe):
     """Entry point of the scheduler subprocess; reports readiness (or the startup error)."""
-    from sglang.srt.utils.process import apply_gil_switch_interval, set_parent_death_signal
+    from sglang.srt.utils.process import (
+        apply_gil_switch_interval,
+        freeze_gc,
+        set_parent_death_signal,
+    )
 
     set_parent_death_signal()
     # SIGTERM (Engine.shutdown, the server's exit) ends the process through SystemExit, so
@@ -352,6 +356,7 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
         logger.exception("scheduler failed to start")
         pipe.send({"status": "error", "error": f"{type(e).__name__}: {e}"})
         return
+    freeze_gc("scheduler")
     pipe.send({"status": "ready", "max_total_num_tokens": scheduler.max_total_num_tokens})
     try:
         scheduler.event_loop()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import gc
+import logging
 import math
 import os
 import signal
@@ -11,6 +13,8 @@ import sys
 import psutil
 
 from sglang.srt.server_args import env_flag
+
+logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 
@@ -108,3 +112,16 @@ def apply_gil_switch_interval() -> float:
             )
         sys.setswitchinterval(ms / 1e3)
     return sys.getswitchinterval()
+
+
+def freeze_gc(context: str) -> int:
+    """Collect, then move every object alive now into the garbage collector's permanent
+    generation (gc.freeze), as upstream SGLang does after a process's start-up: the model,
+    tokenizer and pools are never garbage, and without this each full collection walks them
+    (about 0.2 s for 400k objects on the CPU test machine), a stall in the middle of serving.
+    Returns the number of frozen objects."""
+    gc.collect()
+    gc.freeze()
+    n = gc.get_freeze_count()
+    logger.info("%s: froze %d start-up objects out of garbage collection", context, n)
+    return n
