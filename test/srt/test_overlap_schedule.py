@@ -409,3 +409,55 @@ def test_launch_error_raised_at_resolve(threaded):
     with pytest.raises(ValueError, match="out of order"):
         client.resolve(0)
     client.shutdown()
+
+
+class _InterruptedWorker(_FailingWorker):
+    """A worker whose second launch is interrupted, as SIGTERM (the scheduler process's handler
+    calls sys.exit) or Ctrl-C interrupts whatever the scheduler thread is running."""
+
+    def __init__(self, exc: type[BaseException]) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def forward_batch_generation_launch(self, mwb):
+        if self.calls == 1:
+            self.calls += 1
+            raise self.exc()
+        return super().forward_batch_generation_launch(mwb)
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_interrupt_during_same_thread_launch_propagates(exc):
+    """Scheduler-thread launches: SystemExit/KeyboardInterrupt raised during a launch stop the
+    scheduler at once (as with the worker thread, where signals never land in a launch) instead
+    of being deferred to resolve() while the scheduler builds and launches another step. The
+    interrupted launch takes no handle: launched steps still resolve in order."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
+
+    client = TpModelWorkerClient(_InterruptedWorker(exc), 4, threaded=False)
+    mwb = SimpleNamespace(input_ids=torch.tensor([1, 2]), req_pool_indices=[0, 1])
+    first = client.forward_batch_generation_async(mwb)
+    with pytest.raises(exc):
+        client.forward_batch_generation_async(mwb)
+    third = client.forward_batch_generation_async(mwb)
+    assert client.resolve(first).next_token_ids == []
+    assert client.resolve(third).next_token_ids == []
+
+
+def test_interrupt_in_worker_thread_launch_reaches_resolve():
+    """Worker-thread launches: a KeyboardInterrupt/SystemExit raised by the step's own code does
+    not kill the worker thread (the scheduler would wait forever); resolve() raises it."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
+
+    client = TpModelWorkerClient(_InterruptedWorker(SystemExit), 4, threaded=True)
+    mwb = SimpleNamespace(input_ids=torch.tensor([1, 2]), req_pool_indices=[0, 1])
+    handles = [client.forward_batch_generation_async(mwb) for _ in range(3)]
+    assert client.resolve(handles[0]).next_token_ids == []
+    with pytest.raises(SystemExit):
+        client.resolve(handles[1])
+    assert client.resolve(handles[2]).next_token_ids == []
+    client.shutdown()

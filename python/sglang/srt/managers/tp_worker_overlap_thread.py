@@ -124,11 +124,16 @@ class TpModelWorkerClient:
             ready = torch.cuda.Event()
             ready.record()  # after this thread's req_to_token writes for the step
         handle = self.next_handle
-        self.next_handle += 1
         if self.thread is None:
-            self.launched.append((handle, self._execute(_Launch(handle, mwb, ready))))
+            # KeyboardInterrupt/SystemExit (Ctrl-C; SIGTERM, whose handler calls sys.exit)
+            # land on this thread and propagate from here: deferring them to resolve() would
+            # have the scheduler build and launch another step before it stops. The
+            # interrupted launch takes no handle.
+            out = self._execute(_Launch(handle, mwb, ready), Exception)
+            self.launched.append((handle, out))
         else:
             self.input_queue.put(_Launch(handle, mwb, ready))
+        self.next_handle += 1
         return handle
 
     def resolve(self, handle: int) -> GenerationBatchResult:
@@ -164,11 +169,12 @@ class TpModelWorkerClient:
             item = self.input_queue.get()
             if item is None:
                 return
-            self.output_queue.put((item.handle, self._execute(item)))
+            # BaseException: whatever the step raises, the thread lives on to hand it over
+            self.output_queue.put((item.handle, self._execute(item, BaseException)))
 
-    def _execute(self, item: _Launch) -> Any:
-        """Launch one step on the client's stream: its PendingResult, or the exception it
-        raised (handed to resolve(), which raises it on the scheduler thread)."""
+    def _execute(self, item: _Launch, catch: type[BaseException]) -> Any:
+        """Launch one step on the client's stream: its PendingResult, or the exception of type
+        `catch` it raised (handed to resolve(), which raises it on the scheduler thread)."""
         try:
             with torch.no_grad():
                 if self.stream is None:
@@ -176,7 +182,7 @@ class TpModelWorkerClient:
                 with torch.cuda.stream(self.stream):
                     self.stream.wait_event(item.ready)
                     return self._run(item.mwb)
-        except BaseException as e:
+        except catch as e:
             return e
 
     def _run(self, mwb: ModelWorkerBatch) -> PendingResult:
