@@ -66,6 +66,25 @@ def write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def git_commit_of_cwd() -> str:
+    """Short HEAD of the checkout the current directory is in ('' outside git): the host
+    profiles run from worktrees of other commits, so this, not git_commit(), names the code."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def append_run(path: str, command: str, result: dict[str, Any]) -> None:
+    """Append `result` to the "runs" list of the JSON file at path, creating it as
+    {"command": command, "runs": []} when missing."""
+    try:
+        with open(path) as f:
+            runs = json.load(f)
+    except FileNotFoundError:
+        runs = {"command": command, "runs": []}
+    runs["runs"].append(result)
+    write_json(path, runs)
+
+
 def engine_kwargs(args: Any) -> dict[str, Any]:
     """ServerArgs fields (all of them, as parsed by ServerArgs.add_cli_args) from argparse args."""
     from sglang.srt.server_args import ServerArgs

@@ -28,6 +28,7 @@ import timeit
 
 import numpy as np
 import torch
+from bench_common import append_run, git_commit_of_cwd
 
 
 def policy_ms() -> dict:
@@ -151,14 +152,9 @@ def main() -> None:
     p.add_argument("--label", default="current")
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
-    import subprocess
-
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     result = {
         "label": a.label,
-        "git_commit_of_cwd": commit,
+        "git_commit_of_cwd": git_commit_of_cwd(),
         "policy_ms": policy_ms(),
         "observe_us": observe_us(),
         f"scheduler_ms_per_step_bs{a.batch_size}": scheduler_ms(a.batch_size),
@@ -166,14 +162,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     if a.result_file:
-        try:
-            with open(a.result_file) as f:
-                runs = json.load(f)
-        except FileNotFoundError:
-            runs = {"command": "python benchmark/profile_adaptive_host.py", "runs": []}
-        runs["runs"].append(result)
-        with open(a.result_file, "w") as f:
-            json.dump(runs, f, indent=1)
+        append_run(a.result_file, "python benchmark/profile_adaptive_host.py", result)
 
 
 if __name__ == "__main__":

@@ -129,8 +129,9 @@ def one_mode(a: argparse.Namespace) -> dict:
     step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
     out["gil_switch_interval_s"] = switch_s
-    if sched.worker_client is not None:  # SGLANG_OVERLAP_THREAD: where steps launch
-        out["overlap_launch_thread"] = "worker" if sched.worker_client.threaded else "scheduler"
+    client = sched.worker_client
+    if client is not None:  # SGLANG_OVERLAP_THREAD: where steps launch
+        out["overlap_launch_thread"] = "scheduler" if client.thread is None else "worker"
     out["decode_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), wall)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()

@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-import subprocess
 import tempfile
 import time
 
 import torch
+from bench_common import append_run, git_commit_of_cwd
 
 
 def flush_us(mode: str, bs: int, warm_steps: int, steps: int) -> dict:
@@ -89,23 +89,14 @@ def main() -> None:
     result = {
         "label": a.label,
         "sglang_path": sglang.__file__,
-        "git_commit_of_cwd": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "git_commit_of_cwd": git_commit_of_cwd(),
         "settings": {"batch_size": a.batch_size, "warm_steps": a.warm_steps, "steps": a.steps},
         "no_spec": flush_us("no_spec", a.batch_size, a.warm_steps, a.steps),
         "adaptive": flush_us("adaptive", a.batch_size, a.warm_steps, a.steps),
     }
     print(json.dumps(result, indent=1))
     if a.result_file:
-        try:
-            with open(a.result_file) as f:
-                runs = json.load(f)
-        except FileNotFoundError:
-            runs = {"command": "python benchmark/profile_output_host.py", "runs": []}
-        runs["runs"].append(result)
-        with open(a.result_file, "w") as f:
-            json.dump(runs, f, indent=1)
+        append_run(a.result_file, "python benchmark/profile_output_host.py", result)
 
 
 if __name__ == "__main__":

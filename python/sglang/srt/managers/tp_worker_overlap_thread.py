@@ -102,11 +102,10 @@ class TpModelWorkerClient:
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.next_handle = 0
         self.next_to_resolve = 0
-        self.threaded = overlap_thread_from_env() if threaded is None else threaded
         # Same-thread mode: launched steps in launch order, (handle, PendingResult or exception)
         self.launched: collections.deque[tuple[int, Any]] = collections.deque()
-        self.thread: threading.Thread | None = None
-        if self.threaded:
+        self.thread: threading.Thread | None = None  # the worker thread, when threaded
+        if overlap_thread_from_env() if threaded is None else threaded:
             self.input_queue: queue.Queue[_Launch | None] = queue.Queue()
             self.output_queue: queue.Queue[tuple[int, Any]] = queue.Queue()
             self.thread = threading.Thread(target=self._loop, name="tp-worker-overlap", daemon=True)
