@@ -117,9 +117,10 @@ def apply_gil_switch_interval() -> float:
 def freeze_gc(context: str) -> int:
     """Collect, then move every object alive now into the garbage collector's permanent
     generation (gc.freeze), as upstream SGLang does after a process's start-up: the model,
-    tokenizer and pools are never garbage, and without this each full collection walks them
-    (about 0.2 s for 400k objects on the CPU test machine), a stall in the middle of serving.
-    Returns the number of frozen objects."""
+    tokenizer and pools are never garbage, and without this each full collection walks them:
+    125 ms for the 305k objects of the bundled model's scheduler on the CPU machine, a stall in
+    the middle of serving, and ~0 ms after (benchmark/profile_gc_pause.py,
+    benchmark/results/gc_pause_cpu.json). Returns the number of frozen objects."""
     gc.collect()
     gc.freeze()
     n = gc.get_freeze_count()
