@@ -9,6 +9,14 @@ Why: in the 8B batch-1 decode graph the attention of each layer took 9.6 us (pre
 + 2.3 us (merge) at ~200 tokens of context (`profile_decode_step.py --kernel-table`), where
 one layer's KV is 0.8 MB. Device time is the sum of the kernels' CUDA time over 50 calls
 (torch profiler / CUPTI), so launch gaps do not count. Only CUDA.
+
+Also the tensor-core wrapper as the server plans it inside CUDA graphs (`use_cuda_graph=True`:
+FlashInfer's planner then always splits KV and runs the merge kernel, and launches its grid
+for the largest split) against the same graph wrapper planned with `disable_split_kv=True`
+(one CTA per request and KV head walks the whole context, no merge): `graph_split_us` and
+`graph_nosplit_us`. Whether a batch-1 graph without the split pays at short contexts and what
+it costs at long ones decides between one decode graph per batch size and two (short and
+long context).
 """
 
 from __future__ import annotations
@@ -32,6 +40,22 @@ def kernel_us(fn, calls: int = 50) -> float:
         torch.cuda.synchronize()
     total = sum(e.self_device_time_total for e in prof.key_averages())
     return total / calls
+
+
+def _graph_wrapper(flashinfer, ws: torch.Tensor, bs: int, num_pages: int, dev: str):
+    """A tensor-core decode wrapper in CUDA-graph mode (persistent index buffers), as
+    FlashInferAttnBackend builds for its graphs."""
+    i32 = torch.int32
+    return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws,
+        "NHD",
+        use_cuda_graph=True,
+        use_tensor_cores=True,
+        paged_kv_indptr_buffer=torch.zeros(bs + 1, dtype=i32, device=dev),
+        paged_kv_indices_buffer=torch.zeros(num_pages, dtype=i32, device=dev),
+        paged_kv_last_page_len_buffer=torch.ones(bs, dtype=i32, device=dev),
+        backend="fa2",
+    )
 
 
 def main() -> None:
@@ -69,7 +93,17 @@ def main() -> None:
                 row["tensor_cores_us" if tc else "cuda_cores_us"] = kernel_us(
                     partial(w.run, q, cache)
                 )
-            row["max_abs_diff"] = (outs[True].float() - outs[False].float()).abs().max().item()
+            for nosplit in (False, True):
+                name = "graph_nosplit" if nosplit else "graph_split"
+                w = _graph_wrapper(flashinfer, ws, bs, indices.numel(), dev)
+                w.plan(indptr.to(dev), indices, last.to(dev), nq, nkv, d, 1,
+                       q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+                       disable_split_kv=nosplit)  # fmt: skip
+                outs[name] = w.run(q, cache)
+                row[f"{name}_us"] = kernel_us(partial(w.run, q, cache))
+            row["max_abs_diff"] = max(
+                (o.float() - outs[True].float()).abs().max().item() for o in outs.values()
+            )
             rows.append(row)
             print(json.dumps(row), flush=True)
             del k, v, cache

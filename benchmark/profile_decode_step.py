@@ -23,6 +23,9 @@ prompt ids, greedy, ignore_eos) and reports
   torch profiler's top CPU and CUDA ops over the last three rounds;
 - step_ms: wall time per scheduler step over --steps decode steps (CUDA synchronised at both
   ends), i.e. what one token of each request costs end to end inside the scheduler;
+  step_ms_by_chunk: the same per --chunk-steps consecutive steps (drift within the window);
+  stale_draft_reqs (speculative modes): running requests that can no longer draft (their
+  pending hidden states exceeded the cap);
 - graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
 - host_overhead_ms = step_ms - graph_ms: time the GPU is not running the model's graph;
 - speculative modes: the scheduler's speculative counters (drafting steps, accepted drafts)
@@ -122,12 +125,17 @@ def one_mode(a: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
+    marks = []  # perf_counter after each step (no sync: queued steps land in later ones)
     for _ in range(a.steps):
         sched.step()
+        marks.append(time.perf_counter())
     _sync(a.device)
     wall = time.perf_counter() - t0
     step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
+    out["step_ms_by_chunk"] = _chunk_means(t0, marks, a.chunk_steps)
+    if sched.spec is not None:  # requests whose pending draft states were dropped for good
+        out["stale_draft_reqs"] = sum(r.draft.stale for r in sched.running)
     out["gil_switch_interval_s"] = switch_s
     client = sched.worker_client
     if client is not None:  # SGLANG_OVERLAP_THREAD: where steps launch
@@ -310,6 +318,17 @@ def _spy_summary(raw: str, log: str) -> dict:
     return {"threads": summary, "log_tail": log[-400:]}
 
 
+def _chunk_means(t0: float, marks: list[float], chunk: int) -> list[float]:
+    """Mean wall ms per step of consecutive chunks of `chunk` steps (the last may be shorter):
+    shows whether the window's steps drift (warm-up, a request state that grows)."""
+    out, prev = [], t0
+    for i in range(0, len(marks), chunk):
+        part = marks[i : i + chunk]
+        out.append(round(1e3 * (part[-1] - prev) / len(part), 3))
+        prev = part[-1]
+    return out
+
+
 def _thread_cpu_s() -> dict[str, tuple[str, float]]:
     """Per thread of this process (Linux /proc): (name, user + system CPU seconds)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -373,6 +392,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--chunk-steps", type=int, default=32, help="steps per step_ms_by_chunk entry")
     p.add_argument("--max-total-tokens", type=int, default=32768)
     p.add_argument(
         "--modes",

