@@ -14,7 +14,10 @@ Also the tensor-core wrapper as the server plans it inside CUDA graphs (`use_cud
 FlashInfer's planner then always splits KV and runs the merge kernel, and launches its grid
 for the largest split) against the same graph wrapper planned with `disable_split_kv=True`
 (one CTA per request and KV head walks the whole context, no merge): `graph_split_us` and
-`graph_nosplit_us`. Whether a batch-1 graph without the split pays at short contexts and what
+`graph_nosplit_us` (with --graph; each planned from host indptrs and replayed from a captured
+CUDA graph, as the backend does; the first attempt, running the graph wrappers eagerly from
+device indptrs, failed on the H200 with "operation not supported on global/shared address
+space"). Whether a batch-1 graph without the split pays at short contexts and what
 it costs at long ones decides between one decode graph per batch size and two (short and
 long context).
 """
@@ -58,6 +61,21 @@ def _graph_wrapper(flashinfer, ws: torch.Tensor, bs: int, num_pages: int, dev: s
     )
 
 
+def _capture(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """fn() captured in a CUDA graph (after one warm-up call on a side stream); returns the
+    graph and the output it writes on each replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    return graph, out
+
+
 def main() -> None:
     import flashinfer
 
@@ -65,6 +83,7 @@ def main() -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     p.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], help="qo kv head_dim")
+    p.add_argument("--graph", action="store_true", help="also the CUDA-graph plans")
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
     nq, nkv, d = a.heads
@@ -93,14 +112,15 @@ def main() -> None:
                 row["tensor_cores_us" if tc else "cuda_cores_us"] = kernel_us(
                     partial(w.run, q, cache)
                 )
-            for nosplit in (False, True):
+            for nosplit in (False, True) if a.graph else ():
                 name = "graph_nosplit" if nosplit else "graph_split"
                 w = _graph_wrapper(flashinfer, ws, bs, indices.numel(), dev)
-                w.plan(indptr.to(dev), indices, last.to(dev), nq, nkv, d, 1,
-                       q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
-                       disable_split_kv=nosplit)  # fmt: skip
-                outs[name] = w.run(q, cache)
-                row[f"{name}_us"] = kernel_us(partial(w.run, q, cache))
+                # planned from host indptrs and replayed from a captured graph, as
+                # FlashInferAttnBackend does
+                w.plan(indptr, indices, last, nq, nkv, d, 1, q_data_type=torch.bfloat16,
+                       kv_data_type=torch.bfloat16, disable_split_kv=nosplit)  # fmt: skip
+                graph, outs[name] = _capture(partial(w.run, q, cache))
+                row[f"{name}_us"] = kernel_us(graph.replay)
             row["max_abs_diff"] = max(
                 (o.float() - outs[True].float()).abs().max().item() for o in outs.values()
             )

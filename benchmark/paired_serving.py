@@ -1,0 +1,248 @@
+"""Paired serving comparison: every configuration's server up at once, measured in turns.
+
+    python benchmark/paired_serving.py --preset smollm2|llama8b_dummy \
+        [--configs no_spec adaptive] [--concurrency 1 4 16 64 256] [--rounds 3] \
+        [--output-len 64] [--server-args "--max-total-tokens 200000"] [--deadline-s 540] \
+        [--result-file FILE]
+
+Why: sweep_serving.py runs one configuration after another, minutes apart, and on the H200
+machine the host's speed drifts over minutes: in the 2026-11-30 sweep
+(`sweep_smollm2_h200_s8.json`), three configurations that run the same plain decode steps at
+concurrency 64 (no_spec, adaptive and the tier table, which turns drafting off there) had
+median ITLs of 3.95, 3.43 and 3.11 ms, and points last about a second. A ratio such as
+"adaptive / no speculation >= 0.98" cannot be read from such runs. Here the servers of all
+configurations run side by side (started one after another, so that each start-up, and the
+adaptive server's step-time warm-up, has the GPU alone; each gets --server-args, e.g. a smaller
+--max-total-tokens so that both fit), and at each concurrency c the configurations take turns
+for --rounds rounds, in ABBA order (round r runs the configurations in order when r is even,
+reversed when odd), so that a drift over the round cancels. Only one server has requests at a
+time (an idle scheduler blocks on its socket). Points are as in sweep_serving.py (same
+prompts, flush before each point, all requests at once, at most c in flight, greedy,
+ignore_eos, fixed output length).
+
+Reported per concurrency and configuration (`summary`): the median, min and max over rounds of
+output tok/s, median TTFT and median ITL; and the paired ratio to the first configuration
+(output tok/s of the same round), its median, min and max over rounds. Raw points under
+`points`. A markdown table is written next to the JSON. Time-boxed by --deadline-s (the points
+left are recorded as skipped).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench_common import error_record, run_meta, write_json
+from bench_server import Server, log_tail
+from sweep_presets import config_flags
+from sweep_serving import (
+    MIN_POINT_S,
+    Sweep,
+    build_parser,
+    load_rows,
+    resolve_args,
+    run_point,
+    server_state,
+)
+
+
+def round_order(configs: list[str], r: int) -> list[str]:
+    """The configurations of round r: in order when r is even, reversed when odd (ABBA)."""
+    return list(configs) if r % 2 == 0 else list(reversed(configs))
+
+
+def summarize(points: list[dict], configs: list[str]) -> list[dict]:
+    """Per (concurrency, configuration) over the rounds whose point is ok: median / min / max
+    of output tok/s, medians of the points' median TTFT and ITL, and the paired ratio of
+    output tok/s to configs[0] in the same round (rounds where both are ok)."""
+    base = configs[0]
+    by_key: dict[tuple[int, str], dict[int, dict]] = {}
+    for p in points:
+        if p.get("status") == "ok":
+            by_key.setdefault((p["concurrency"], p["config"]), {})[p["round"]] = p
+    out = []
+    for c in sorted({p["concurrency"] for p in points}):
+        for name in configs:
+            runs = by_key.get((c, name), {})
+            row: dict[str, Any] = {"concurrency": c, "config": name, "rounds": len(runs)}
+            if runs:
+                tput = [p["output_throughput"] for p in runs.values()]
+                row["output_tok_s_median"] = statistics.median(tput)
+                row["output_tok_s_min"], row["output_tok_s_max"] = min(tput), max(tput)
+                for key in ("median_ttft_ms", "median_itl_ms"):
+                    row[key] = statistics.median(p[key] for p in runs.values())
+            ratios = [
+                p["output_throughput"] / b["output_throughput"]
+                for r, p in runs.items()
+                if (b := by_key.get((c, base), {}).get(r)) and b["output_throughput"]
+            ]
+            if ratios and name != base:
+                row["ratio_to_base_median"] = statistics.median(ratios)
+                row["ratio_to_base_min"], row["ratio_to_base_max"] = min(ratios), max(ratios)
+            out.append(row)
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The summary as a markdown table, with the command that produced it."""
+    configs = result["settings"]["configs"]
+    lines = [
+        f"Paired serving comparison, preset {result['settings']['preset']}, "
+        f"ratio to {configs[0]} (same round), {result['settings']['rounds']} rounds (ABBA)",
+        "",
+        "    " + result["meta"]["command"],
+        "",
+        "| c | config | rounds | output tok/s (median, min-max) | ratio (median, min-max) "
+        "| TTFT ms | ITL ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["summary"]:
+        if not r["rounds"]:
+            lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - |")
+            continue
+        tput = (
+            f"{r['output_tok_s_median']:.0f} ({r['output_tok_s_min']:.0f}-"
+            f"{r['output_tok_s_max']:.0f})"
+        )
+        ratio = "-"
+        if "ratio_to_base_median" in r:
+            ratio = (
+                f"{r['ratio_to_base_median']:.3f} ({r['ratio_to_base_min']:.3f}-"
+                f"{r['ratio_to_base_max']:.3f})"
+            )
+        lines.append(
+            f"| {r['concurrency']} | {r['config']} | {r['rounds']} | {tput} | {ratio} "
+            f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+class PairedRun:
+    def __init__(self, args, preset, result: dict) -> None:
+        self.args, self.preset, self.result = args, preset, result
+        self.sweep = Sweep(args, preset, result)  # prompts count, dummy draft, deadline
+        self.servers: dict[str, Server] = {}
+
+    def save(self) -> None:
+        self.result["summary"] = summarize(self.result["points"], self.args.configs)
+        write_json(self.args.result_file, self.result)
+        with open(self.args.result_file.rsplit(".", 1)[0] + ".md", "w") as f:
+            f.write(markdown(self.result))
+
+    def start_servers(self) -> bool:
+        """Start each configuration's server, one after another; False when one failed."""
+        a = self.args
+        os.makedirs(a.log_dir, exist_ok=True)
+        for name in a.configs:
+            flags = config_flags(self.preset, name, self.sweep.extra)
+            flags += shlex.split(a.server_args)
+            cfg: dict[str, Any] = {"name": name, "flags": flags}
+            self.result["configs"].append(cfg)
+            log_path = os.path.join(a.log_dir, f"paired_{a.preset}_{name}.log")
+            t0 = time.monotonic()
+            try:
+                self.sweep.make_draft(flags)
+                server = self.servers[name] = Server(flags, log_path)
+                cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
+                server.wait_ready(max(1.0, min(a.startup_timeout_s, self.left())))
+                cfg["startup_s"] = time.monotonic() - t0
+            except Exception as e:  # noqa: BLE001 - recorded; no comparison without it
+                cfg.update(status="error", error="server start: " + error_record(e))
+                cfg["log_tail"] = log_tail(log_path)
+                return False
+        n_max = max(self.sweep.num_prompts(c) for c in a.concurrency)
+        self.rows = load_rows(self.servers[a.configs[0]], a, n_max)
+        self.result["num_rows"] = len(self.rows)
+        return True
+
+    def left(self) -> float:
+        return self.sweep.deadline - time.monotonic()
+
+    def run(self) -> None:
+        try:
+            if not self.start_servers():
+                return
+            for c in self.args.concurrency:
+                n = min(self.sweep.num_prompts(c), len(self.rows))
+                for r in range(self.args.rounds):
+                    for name in round_order(self.args.configs, r):
+                        self.point(name, c, r, n)
+                        self.save()
+        finally:
+            for server in self.servers.values():
+                server.stop()
+
+    def point(self, name: str, c: int, r: int, n: int) -> None:
+        point: dict[str, Any] = {"concurrency": c, "round": r, "config": name, "num_prompts": n}
+        self.result["points"].append(point)
+        server = self.servers[name]
+        left = self.left()
+        if left < MIN_POINT_S or server.proc.poll() is not None:
+            point.update(status="skipped", reason="deadline" if left < MIN_POINT_S else "dead")
+            return
+        point["flushed"] = server.flush_cache()
+        t0 = time.monotonic()
+        try:
+            point.update(run_point(server, self.rows[:n], c, left))
+            point["status"] = "ok"
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            point.update(status="error", error=error_record(e))
+        point["wall_s"] = time.monotonic() - t0
+        state = server_state(server)
+        point["server_state"] = {
+            k: state[k] for k in ("forward_steps", "spec_drafting_steps", "error") if k in state
+        }
+        print(
+            f"[{name} c={c} round {r}] {point['status']} "
+            f"output_tok_s={point.get('output_throughput')}",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    p = build_parser()
+    p.description = __doc__.split("\n\n")[0]
+    p.add_argument("--rounds", type=int, default=3, help="turns per configuration and c")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
+    default_file = args.result_file is None
+    preset = resolve_args(args)
+    if len(args.configs) < 2:
+        raise SystemExit(f"a paired comparison needs >= 2 configurations, got {args.configs}")
+    if default_file:
+        args.result_file = args.result_file.replace("sweep_", "paired_")
+    settings = {
+        k: getattr(args, k)
+        for k in (
+            "preset", "configs", "concurrency", "rounds", "output_len", "min_prompts",
+            "prompts_per_concurrency", "max_prompts", "dataset", "dataset_path",
+            "chat_template", "server_args", "deadline_s",
+        )
+    }  # fmt: skip
+    settings["model_flags"] = preset.model_flags
+    result: dict[str, Any] = {
+        "meta": run_meta(["benchmark/paired_serving.py"] + argv),
+        "settings": settings,
+        "configs": [],
+        "points": [],
+    }
+    run = PairedRun(args, preset, result)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # run finally:
+    try:
+        run.run()
+    finally:
+        result["total_s"] = time.monotonic() - run.sweep.t_start
+        run.save()
+    print(f"wrote {args.result_file}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""benchmark/paired_serving.py's bookkeeping (no servers): the ABBA order of a round and the
+summary's medians and paired ratios over rounds."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
+
+from paired_serving import markdown, round_order, summarize  # noqa: E402
+
+
+def _point(c: int, r: int, name: str, tput: float, ttft: float = 10.0, itl: float = 2.0):
+    return {
+        "concurrency": c,
+        "round": r,
+        "config": name,
+        "status": "ok",
+        "output_throughput": tput,
+        "median_ttft_ms": ttft,
+        "median_itl_ms": itl,
+    }
+
+
+def test_round_order_alternates():
+    cfgs = ["no_spec", "adaptive", "fixed_k3"]
+    assert [round_order(cfgs, r) for r in range(3)] == [cfgs, cfgs[::-1], cfgs]
+    assert round_order(cfgs, 1) is not cfgs  # a copy: callers may not reorder the settings
+
+
+def test_summary_pairs_rounds_and_skips_failed_points():
+    pts = [
+        _point(4, 0, "no_spec", 100.0, ttft=20.0),
+        _point(4, 0, "adaptive", 90.0),
+        _point(4, 1, "adaptive", 120.0, itl=3.0),
+        _point(4, 1, "no_spec", 100.0, ttft=40.0),
+        _point(4, 2, "no_spec", 200.0),
+        {**_point(4, 2, "adaptive", 1.0), "status": "error"},  # not counted anywhere
+        _point(16, 0, "adaptive", 50.0),  # no baseline in its round: no ratio
+    ]
+    rows = {(r["concurrency"], r["config"]): r for r in summarize(pts, ["no_spec", "adaptive"])}
+    base, ad = rows[(4, "no_spec")], rows[(4, "adaptive")]
+    assert base["rounds"] == 3 and ad["rounds"] == 2
+    assert base["output_tok_s_median"] == 100.0
+    assert (base["output_tok_s_min"], base["output_tok_s_max"]) == (100.0, 200.0)
+    assert base["median_ttft_ms"] == 20.0 and "ratio_to_base_median" not in base
+    # rounds 0 and 1: 90 / 100 and 120 / 100
+    assert ad["ratio_to_base_median"] == pytest.approx(1.05)
+    assert (ad["ratio_to_base_min"], ad["ratio_to_base_max"]) == (0.9, 1.2)
+    assert ad["median_itl_ms"] == 2.5
+    assert rows[(16, "adaptive")]["rounds"] == 1
+    assert "ratio_to_base_median" not in rows[(16, "adaptive")]
+    assert rows[(16, "no_spec")]["rounds"] == 0
+
+
+def test_markdown_lists_every_row_with_the_command():
+    pts = [_point(1, 0, "no_spec", 100.0), _point(1, 0, "adaptive", 97.0)]
+    result = {
+        "meta": {"command": "python benchmark/paired_serving.py --preset smollm2"},
+        "settings": {"preset": "smollm2", "configs": ["no_spec", "adaptive"], "rounds": 1},
+        "summary": summarize(pts, ["no_spec", "adaptive"])
+        + [{"concurrency": 4, "config": "adaptive", "rounds": 0}],
+    }
+    md = markdown(result)
+    assert "python benchmark/paired_serving.py --preset smollm2" in md
+    assert "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 |" in md
+    assert "| 4 | adaptive | 0 | - | - | - | - |" in md
