@@ -334,3 +334,36 @@ def test_trained_tiny_draft_is_often_right_and_lossless(tiny_model_dir, tmp_path
     proposed = sum(o["meta_info"]["spec_num_proposed_drafts"] for o in outs)
     accept_len = sum(len(r) for r in ref) / sum(o["meta_info"]["spec_verify_ct"] for o in outs)
     assert correct / proposed > 0.5 and accept_len > 2.0, (correct, proposed, accept_len)
+
+
+def test_all_greedy_drafts_equal_the_sampling_path(tiny_model_dir, draft_dir):
+    """With every request greedy, _pick takes the draft's argmax directly; the general path
+    (softmax, one-hot for greedy rows, seeded sampling) must propose the same tokens. Each
+    drafting step is run through both paths (the second rewrites the same draft KV slots with
+    the same values) and the proposals compared."""
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    worker = sched.tp_worker
+    real = worker.draft_tokens
+    compared = []
+
+    def both(mwb):
+        fast, q_fast = real(mwb)
+        info = mwb.sampling_info
+        assert info.is_all_greedy and q_fast is None
+        info.is_all_greedy = False  # the sampling path, greedy rows one-hot
+        try:
+            general, q = real(mwb)
+        finally:
+            info.is_all_greedy = True
+        assert general == fast
+        assert q is not None and q.shape[0] == sum(len(d) for d in fast)
+        compared.append(sum(len(d) for d in fast))
+        return fast, q_fast
+
+    worker.draft_tokens = both
+    outs: dict = {}
+    for i, p in enumerate(prompts(24)[:4]):
+        submit(sched, f"r{i}", p, GREEDY)
+    run_until_idle(sched, outs)
+    assert len(compared) >= 5 and sum(compared) >= 5 * K
+    sched.kv.check_accounting()

@@ -259,7 +259,13 @@ class EAGLEWorkerV2:
     def _pick(self, logits, active, step, info, q_rows) -> torch.Tensor:
         """Choose each active request's draft token `step` ([m] int64 target ids, device) and
         record its draft distribution q over the target vocabulary (one-hot for greedy rows;
-        nothing when every request is greedy: greedy verification never reads q)."""
+        nothing when every request is greedy: greedy verification never reads q).
+
+        Every request greedy: the token is the argmax, what sampling from the one-hot q below
+        returns, without the softmax, the one-hot and the per-row noise of the sampler (tens
+        of small kernels per draft step)."""
+        if info.is_all_greedy:
+            return self.draft_to_target[logits.argmax(-1)]
         (idx,) = int64_to_device([active], self.device)
         greedy = info.greedy_mask[idx]
         temps = info.temperatures[idx]
