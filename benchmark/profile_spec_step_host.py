@@ -30,7 +30,10 @@ import torch
 from bench_common import append_run, git_commit_of_cwd
 
 
-def step_ms(model: str, spec: dict, bs: int, steps: int, profile: bool) -> tuple[float, str]:
+def step_ms(model: str, spec: dict, bs: int, steps: int, top: int) -> tuple[float, str]:
+    """Wall ms per scheduler step over `steps` timed steps (after 10 warm-up steps) of `bs`
+    greedy requests; with top > 0 the steps run under cProfile and the second value is its
+    `top` functions by own time (else "")."""
     from sglang.test.scheduler_utils import make_scheduler, submit
 
     s = make_scheduler(model, device="cpu", dtype="float32", max_total_tokens=65536, **spec)
@@ -39,7 +42,7 @@ def step_ms(model: str, spec: dict, bs: int, steps: int, profile: bool) -> tuple
         submit(s, f"r{i}", list(range(10 + i, 40 + i)), params)
     for _ in range(10):
         s.step()
-    prof = cProfile.Profile() if profile else None
+    prof = cProfile.Profile() if top > 0 else None
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
@@ -51,7 +54,7 @@ def step_ms(model: str, spec: dict, bs: int, steps: int, profile: bool) -> tuple
     text = ""
     if prof is not None:
         out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
         text = out.getvalue()
     return ms, text
 
@@ -84,11 +87,11 @@ def main() -> None:
     }
     run = {"label": a.label, "git_commit": git_commit_of_cwd(), "batch_size": a.batch_size}
     for name, spec in cfgs.items():
-        best = min(step_ms(model, spec, a.batch_size, a.steps, False)[0] for _ in range(a.repeats))
+        best = min(step_ms(model, spec, a.batch_size, a.steps, 0)[0] for _ in range(a.repeats))
         run[f"{name}_ms_per_step"] = round(best, 3)
         print(f"{name}: {best:.3f} ms per step", flush=True)
         if a.top:
-            print(step_ms(model, spec, a.batch_size, a.steps, True)[1])
+            print(step_ms(model, spec, a.batch_size, a.steps, a.top)[1])
     if a.result_file:
         append_run(a.result_file, "python " + shlex.join(sys.argv), run)
 
