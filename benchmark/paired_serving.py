@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
     preset = resolve_args(args)
     if len(args.configs) < 2:
         raise SystemExit(f"a paired comparison needs >= 2 configurations, got {args.configs}")
+    if len(set(args.configs)) < len(args.configs):  # one server per name: a repeat would leak
+        raise SystemExit(f"--configs names a configuration twice: {args.configs}")
     if default_file:
         args.result_file = args.result_file.replace("sweep_", "paired_")
     settings = {

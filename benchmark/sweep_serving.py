@@ -297,6 +297,8 @@ def resolve_args(args: argparse.Namespace) -> Preset:
         preset = dataclasses.replace(preset, make_draft=(src, dst), draft_flags=draft_flags)
     args.configs = args.configs or list(preset.configs)
     args.concurrency = args.concurrency or list(preset.concurrency)
+    if min(args.concurrency) < 1:  # bench_serving reads 0 as "no limit"
+        raise SystemExit(f"--concurrency values must be >= 1, got {args.concurrency}")
     args.output_len = args.output_len or preset.output_len
     args.min_prompts = args.min_prompts or preset.min_prompts
     args.dataset = args.dataset or preset.dataset

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
 
-from paired_serving import markdown, round_order, summarize  # noqa: E402
+from paired_serving import main, markdown, round_order, summarize  # noqa: E402
 
 
 def _point(c: int, r: int, name: str, tput: float, ttft: float = 10.0, itl: float = 2.0):
@@ -68,3 +68,19 @@ def test_markdown_lists_every_row_with_the_command():
     assert "python benchmark/paired_serving.py --preset smollm2" in md
     assert "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 |" in md
     assert "| 4 | adaptive | 0 | - | - | - | - |" in md
+
+
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["--configs", "no_spec", "no_spec"], "twice"),
+        (["--configs", "no_spec", "adaptive", "--concurrency", "0"], ">= 1"),
+        (["--configs", "no_spec", "adaptive", "--rounds", "0"], ">= 1"),
+        (["--configs", "no_spec"], ">= 2"),
+    ],
+)
+def test_bad_arguments_stop_before_any_server(argv, why, tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit, match=why):
+        main(["--preset", "smollm2", "--result-file", str(out), *argv])
+    assert not out.exists()
