@@ -23,8 +23,10 @@ ignore_eos, fixed output length).
 Reported per concurrency and configuration (`summary`): the median, min and max over rounds of
 output tok/s, median TTFT and median ITL; and the paired ratio to the first configuration
 (output tok/s of the same round), its median, min and max over rounds. Raw points under
-`points`. A markdown table is written next to the JSON. Time-boxed by --deadline-s (the points
-left are recorded as skipped).
+`points`. A markdown table is written next to the JSON, followed by what was not measured.
+Time-boxed by --deadline-s (the points left are recorded as skipped). A server that fails to
+start stops the run (its error and log tail under `configs`); an interrupt (SIGTERM, Ctrl-C) or
+a failure outside a point is recorded as `error`; every server started is killed either way.
 """
 
 from __future__ import annotations
@@ -88,8 +90,39 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
     return out
 
 
+def _tok_s(x: float) -> str:
+    """Output tok/s for the table: whole numbers, three significant digits below 100 (CPU
+    runs measure about 1 tok/s, which "%.0f" shows as 0 or 1)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def failures(result: dict) -> list[str]:
+    """Markdown list items for what was not measured: the run's error (an interrupt, or a
+    failure after the servers started), each configuration's start-up error, each failed
+    point, and the skipped points counted by reason. [] when every point ran."""
+    items = []
+    if result.get("error"):
+        items.append(f"- run stopped: {result['error']}")
+    for cfg in result.get("configs", []):
+        if cfg.get("status") == "error":
+            items.append(f"- {cfg['name']}: {cfg['error'].splitlines()[0][:300]}")
+    skipped: dict[str, int] = {}
+    for p in result.get("points", []):
+        if p.get("status") == "skipped":
+            skipped[p["reason"]] = skipped.get(p["reason"], 0) + 1
+        elif p.get("status") != "ok":
+            err = str(p.get("error", "")).splitlines()[0][:300] if p.get("error") else ""
+            items.append(
+                f"- c={p['concurrency']} round {p['round']} {p['config']}: {p.get('status')}"
+                + (f": {err}" if err else "")
+            )
+    items += [f"- {n} point(s) skipped: {why}" for why, n in sorted(skipped.items())]
+    return items
+
+
 def markdown(result: dict) -> str:
-    """The summary as a markdown table, with the command that produced it."""
+    """The summary as a markdown table, with the command that produced it and a list of what
+    was not measured (see failures)."""
     configs = result["settings"]["configs"]
     lines = [
         f"Paired serving comparison, preset {result['settings']['preset']}, "
@@ -106,8 +139,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - |")
             continue
         tput = (
-            f"{r['output_tok_s_median']:.0f} ({r['output_tok_s_min']:.0f}-"
-            f"{r['output_tok_s_max']:.0f})"
+            f"{_tok_s(r['output_tok_s_median'])} ({_tok_s(r['output_tok_s_min'])}-"
+            f"{_tok_s(r['output_tok_s_max'])})"
         )
         ratio = "-"
         if "ratio_to_base_median" in r:
@@ -119,6 +152,9 @@ def markdown(result: dict) -> str:
             f"| {r['concurrency']} | {r['config']} | {r['rounds']} | {tput} | {ratio} "
             f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} |"
         )
+    missing = failures(result)
+    if missing:
+        lines += ["", "Not measured:", "", *missing]
     return "\n".join(lines) + "\n"
 
 
@@ -239,6 +275,9 @@ def main(argv: list[str] | None = None) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # run finally:
     try:
         run.run()
+    except BaseException as e:  # SIGTERM / Ctrl-C, or a failure outside a point: recorded
+        result["error"] = ("" if isinstance(e, Exception) else "interrupted, ") + error_record(e)
+        raise
     finally:
         result["total_s"] = time.monotonic() - run.sweep.t_start
         run.save()

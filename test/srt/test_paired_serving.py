@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
 
-from paired_serving import main, markdown, round_order, summarize  # noqa: E402
+from paired_serving import failures, main, markdown, round_order, summarize  # noqa: E402
 
 
 def _point(c: int, r: int, name: str, tput: float, ttft: float = 10.0, itl: float = 2.0):
@@ -68,6 +68,45 @@ def test_markdown_lists_every_row_with_the_command():
     assert "python benchmark/paired_serving.py --preset smollm2" in md
     assert "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 |" in md
     assert "| 4 | adaptive | 0 | - | - | - | - |" in md
+
+
+def test_markdown_says_what_was_not_measured():
+    pts = [
+        _point(1, 0, "no_spec", 0.46),
+        {**_point(1, 0, "adaptive", 0.0), "status": "error", "error": "TimeoutError: x\ny"},
+        {
+            "concurrency": 4,
+            "round": 0,
+            "config": "no_spec",
+            "status": "skipped",
+            "reason": "deadline",
+        },
+        {
+            "concurrency": 4,
+            "round": 0,
+            "config": "adaptive",
+            "status": "skipped",
+            "reason": "deadline",
+        },
+    ]
+    result = {
+        "meta": {"command": "python benchmark/paired_serving.py"},
+        "settings": {"preset": "smollm2", "configs": ["no_spec", "adaptive"], "rounds": 1},
+        "configs": [
+            {"name": "no_spec"},
+            {"name": "adaptive", "status": "error", "error": "server start: RuntimeError: rc 2"},
+        ],
+        "points": pts,
+        "summary": summarize(pts, ["no_spec", "adaptive"]),
+        "error": "interrupted, SystemExit: 143",
+    }
+    md = markdown(result)
+    assert "| 1 | no_spec | 1 | 0.46 (0.46-0.46) |" in md  # small tok/s keep their digits
+    assert "- run stopped: interrupted, SystemExit: 143" in md
+    assert "- adaptive: server start: RuntimeError: rc 2" in md
+    assert "- c=1 round 0 adaptive: error: TimeoutError: x\n" in md
+    assert "- 2 point(s) skipped: deadline" in md
+    assert failures({"configs": [{"name": "a"}], "points": pts[:1]}) == []
 
 
 @pytest.mark.parametrize(
