@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.description = __doc__.split("\n\n")[0]
     p.add_argument("--rounds", type=int, default=3, help="turns per configuration and c")
     args = p.parse_args(argv)
+    if args.config_budget_s is not None:
+        raise SystemExit("--config-budget-s is sweep_serving.py's; a paired run has --deadline-s")
     if args.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {args.rounds}")
     default_file = args.result_file is None

@@ -274,11 +274,10 @@ class EAGLEWorkerV2:
         q_draft = torch.where(greedy.view(-1, 1), hot, q_draft)
         pos = info.random_positions[idx] + (step - 1)
         tok = sample_from_probs(q_draft, info.seeds[idx], pos, STREAM_DRAFT)
-        if not info.is_all_greedy:
-            q = torch.zeros(len(active), self.vocab_size, device=self.device)
-            q.index_copy_(1, self.draft_to_target, q_draft)
-            for k, i in enumerate(active):
-                q_rows[i].append(q[k])
+        q = torch.zeros(len(active), self.vocab_size, device=self.device)
+        q.index_copy_(1, self.draft_to_target, q_draft)
+        for k, i in enumerate(active):
+            q_rows[i].append(q[k])
         return self.draft_to_target[tok]
 
     def forward_verify(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
