@@ -48,8 +48,6 @@ from sweep_serving import (
     build_parser,
     load_rows,
     resolve_args,
-    run_point,
-    server_state,
 )
 
 
@@ -192,8 +190,9 @@ class PairedRun:
                 cfg["log_tail"] = log_tail(log_path)
                 return False
         n_max = max(self.sweep.num_prompts(c) for c in a.concurrency)
-        self.rows = load_rows(self.servers[a.configs[0]], a, n_max)
-        self.result["num_rows"] = len(self.rows)
+        # on the Sweep, whose run_point measures each point
+        self.sweep.rows = load_rows(self.servers[a.configs[0]], a, n_max)
+        self.result["num_rows"] = len(self.sweep.rows)
         return True
 
     def left(self) -> float:
@@ -204,7 +203,7 @@ class PairedRun:
             if not self.start_servers():
                 return
             for c in self.args.concurrency:
-                n = min(self.sweep.num_prompts(c), len(self.rows))
+                n = min(self.sweep.num_prompts(c), len(self.sweep.rows))
                 for r in range(self.args.rounds):
                     for name in round_order(self.args.configs, r):
                         self.point(name, c, r, n)
@@ -221,23 +220,7 @@ class PairedRun:
         if left < MIN_POINT_S or server.proc.poll() is not None:
             point.update(status="skipped", reason="deadline" if left < MIN_POINT_S else "dead")
             return
-        point["flushed"] = server.flush_cache()
-        t0 = time.monotonic()
-        try:
-            point.update(run_point(server, self.rows[:n], c, left))
-            point["status"] = "ok"
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-            point.update(status="error", error=error_record(e))
-        point["wall_s"] = time.monotonic() - t0
-        state = server_state(server)
-        point["server_state"] = {
-            k: state[k] for k in ("forward_steps", "spec_drafting_steps", "error") if k in state
-        }
-        print(
-            f"[{name} c={c} round {r}] {point['status']} "
-            f"output_tok_s={point.get('output_throughput')}",
-            flush=True,
-        )
+        self.sweep.run_point(server, f"{name} round {r}", point, left)  # as a sweep's point
 
 
 def main(argv: list[str] | None = None) -> dict:
