@@ -62,8 +62,10 @@ from bench_common import (
     llama_weight_bytes,
     measure_copy_bandwidth,
     run_meta,
+    sync,
     write_json,
 )
+from pyspy_sampling import py_spy_window, start_spy, stop_spy
 
 DEFAULT_MODEL = f"{REPO}/benchmark/configs/llama31_8b_dummy"
 
@@ -109,17 +111,17 @@ def one_mode(a: argparse.Namespace) -> dict:
         else:
             ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
         submit(sched, f"r{i}", ids, params)
-    _sync(a.device)
+    sync(a.device)
     t0 = time.perf_counter()
     while sched.waiting_queue or sched.chunked_req:
         sched.step()
     if sched.enable_overlap:
         sched.drain()
-    _sync(a.device)
+    sync(a.device)
     prefill_ms = 1e3 * (time.perf_counter() - t0)  # the batch's prompts, admitted at once
     for _ in range(warm):
         sched.step()
-    _sync(a.device)
+    sync(a.device)
     prof = cProfile.Profile() if a.cprofile else None
     cpu0 = _thread_cpu_s()
     t0 = time.perf_counter()
@@ -129,7 +131,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     for _ in range(a.steps):
         sched.step()
         marks.append(time.perf_counter())
-    _sync(a.device)
+    sync(a.device)
     wall = time.perf_counter() - t0
     step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
@@ -151,25 +153,25 @@ def one_mode(a: argparse.Namespace) -> dict:
         out["scheduler_thread_cprofile_cumulative45"] = text.getvalue().splitlines()
         out["note"] = "step_ms is inflated by cProfile in this run"
     if a.py_spy_steps:
-        out.update(_py_spy_window(sched, a))
+        out.update(py_spy_window(sched, a))
     if a.ttft_rounds:
         out.update(_ttft_rounds(sched, a, gen))
     runner = sched.tp_worker.model_runner.cuda_graph_runner
     if runner is not None:
         key = runner.pick(a.batch_size, a.batch_size)
         graph = runner.graphs[key]
-        _sync(a.device)
+        sync(a.device)
         t0 = time.perf_counter()
         for _ in range(a.steps):
             graph.replay()
-        _sync(a.device)
+        sync(a.device)
         out["graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
         out["host_overhead_ms"] = step_ms - out["graph_ms"]
         if a.kernel_table:  # the graph's kernels (CUPTI traces kernels of graph launches)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kprof:
                 for _ in range(8):
                     graph.replay()
-                _sync(a.device)
+                sync(a.device)
             ka = kprof.key_averages()
             out["graph_kernel_table"] = ka.table(
                 sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70
@@ -200,7 +202,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
     if a.py_spy_ttft:  # every thread, waiting included, over all the rounds
         raw = (a.result_file or "/tmp/decode_step.json").rsplit(".", 1)[0]
         raw += f"_{a.mode}_ttft_pyspy_idle.txt"
-        spy = _start_spy(a.py_spy_bin or "py-spy", "idle", raw, sched, a)
+        spy = start_spy(a.py_spy_bin or "py-spy", "idle", raw, sched, a)
     cpu0, wall0 = _thread_cpu_s(), time.perf_counter()
     for r in range(a.ttft_rounds):
         if a.mtbench:
@@ -216,7 +218,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
         outputs: dict = {}
         collect(sched, outputs)
         outputs.clear()
-        _sync(a.device)
+        sync(a.device)
         t0 = time.perf_counter()
         if cprof is not None:
             cprof.enable()
@@ -233,7 +235,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
     out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms, "running": running}
     out["ttft_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), time.perf_counter() - wall0)
     if spy is not None:
-        out["ttft_py_spy_idle"] = {"raw_file": raw, **_stop_spy(spy, raw)}
+        out["ttft_py_spy_idle"] = {"raw_file": raw, **stop_spy(spy, raw)}
     if cprof is not None:  # the scheduler thread over the TTFT rounds
         text = io.StringIO()
         pstats.Stats(cprof, stream=text).sort_stats("cumulative").print_stats(40)
@@ -248,74 +250,6 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
                 sort_by="self_cuda_time_total", row_limit=30
             ).splitlines()
     return out
-
-
-def _py_spy_window(sched, a: argparse.Namespace) -> dict:
-    """Sample every thread of this process with py-spy (attached to it, non-blocking, 1 kHz)
-    while the scheduler runs --py-spy-steps more decode steps (after one second of untimed
-    steps while py-spy attaches; they are sampled too); once with --gil (only the
-    thread holding the GIL is sampled: where the interpreter's time goes) and once with
-    --idle (where each thread is, waiting included). Raw stacks go next to --result-file;
-    the JSON gets per-thread sample shares of the top leaf frames."""
-    import shutil
-
-    spy = a.py_spy_bin or shutil.which("py-spy")
-    if spy is None or not os.access(spy, os.X_OK):
-        return {"py_spy": f"py-spy not found ({spy})"}
-    base = (a.result_file or "/tmp/decode_step.json").rsplit(".", 1)[0] + f"_{a.mode}"
-    half = a.py_spy_steps // 2
-    out: dict = {}
-    for kind in ("gil", "idle"):
-        raw = f"{base}_pyspy_{kind}.txt"
-        proc = _start_spy(spy, kind, raw, sched, a)
-        t0 = time.perf_counter()
-        for _ in range(half):
-            sched.step()
-        _sync(a.device)
-        wall = time.perf_counter() - t0
-        out[f"py_spy_{kind}"] = {"step_ms": 1e3 * wall / half, "raw_file": raw}
-        out[f"py_spy_{kind}"].update(_stop_spy(proc, raw))
-    return out
-
-
-def _start_spy(spy: str, kind: str, raw: str, sched, a: argparse.Namespace):
-    """py-spy recording this process (--gil or --idle, every thread, raw stacks to `raw`),
-    after one second of untimed scheduler steps while it attaches (they are sampled too)."""
-    cmd = [spy, "record", "-p", str(os.getpid()), "--nonblocking", "-r", "1000"]
-    cmd += ["--threads", "-f", "raw", "-o", raw, f"--{kind}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 1.0:
-        sched.step()
-    _sync(a.device)
-    return proc
-
-
-def _stop_spy(proc, raw: str) -> dict:
-    proc.send_signal(2)  # SIGINT: py-spy writes what it sampled
-    log = proc.communicate(timeout=60)[0].decode(errors="replace")
-    return _spy_summary(raw, log)
-
-
-def _spy_summary(raw: str, log: str) -> dict:
-    """Per thread: samples, and the 12 leaf frames (function, file:line) with most samples."""
-    threads: dict[str, dict[str, int]] = {}
-    try:
-        with open(raw) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return {"error": log[-2000:]}
-    for line in lines:
-        stack, _, n = line.rpartition(" ")
-        frames = stack.split(";")
-        leaves = threads.setdefault(frames[0], {})
-        leaves[frames[-1]] = leaves.get(frames[-1], 0) + int(n)
-    summary = {}
-    for name, leaves in threads.items():
-        total = sum(leaves.values())
-        top = sorted(leaves.items(), key=lambda kv: -kv[1])[:12]
-        summary[name] = {"samples": total, "top_leaves": [f"{n} {k}" for k, n in top]}
-    return {"threads": summary, "log_tail": log[-400:]}
 
 
 def _chunk_means(t0: float, marks: list[float], chunk: int) -> list[float]:
@@ -354,11 +288,6 @@ def _cpu_share(before: dict, after: dict, wall_s: float) -> list[str]:
     rows.sort(reverse=True)
     total = sum(c for c, _ in rows)
     return [f"total: {total / wall_s:.2f}"] + [f"{n}: {c / wall_s:.2f}" for c, n in rows[:8]]
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _mtbench_ids(tokenizer, i: int) -> list[int]:
