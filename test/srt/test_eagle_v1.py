@@ -19,6 +19,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.model_loader.loader import get_model
 from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
 from sglang.srt.speculative.draft_config import load_draft_model
+from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.test.forward_harness import ForwardHarness
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 from sglang.test.tiny_eagle import load_eagle_state_dict, make_tiny_eagle_dir
@@ -265,7 +266,8 @@ def record_drafts(sched) -> list[tuple[list[int], list[int]]]:
     def draft_tokens(mwb):
         drafts, q = real(mwb)
         reqs = {r.req_pool_idx: r for r in sched.running}
-        for idx, n, ds in zip(mwb.req_pool_indices, mwb.extend_prefix_lens, drafts, strict=True):
+        by_req = drafts_by_request(drafts, mwb.spec.draft_lens)
+        for idx, n, ds in zip(mwb.req_pool_indices, mwb.extend_prefix_lens, by_req, strict=True):
             seq = reqs[idx].origin_input_ids + reqs[idx].output_ids
             assert len(seq) == n + 1
             if ds:

@@ -338,6 +338,29 @@ def test_expand_matches_per_position_batches() -> None:
             row += 1
     with pytest.raises(ValueError):
         info.expand([3, 3], drafts)
+    # drafts left on the device (None): refused while a penalty reads them
+    assert info.reads_output_ids and info.has_logits_processors
+    with pytest.raises(ValueError, match="penalties read the drafts"):
+        info.expand([3, 2], None)
+
+
+def test_expand_without_host_drafts() -> None:
+    """Rows whose processors read no ids (min_new_tokens, logit_bias) expand the same with the
+    drafts unknown; a batch without processors reports none, expanded or not."""
+    biased = _req(seed=2, output_ids=[1], min_new_tokens=3, logit_bias={"4": 1.5})
+    info = SamplingBatchInfo.from_reqs([biased, _req(seed=3, output_ids=[0, 2])], 10, "cpu", {0})
+    assert not info.reads_output_ids and info.has_logits_processors
+    known, unknown = info.expand([3, 2], [[5, 6], [7]]), info.expand([3, 2], None)
+    logits = torch.randn(5, 10, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(
+        known.apply_logits_processors(logits), unknown.apply_logits_processors(logits)
+    )
+    assert known.random_positions.tolist() == unknown.random_positions.tolist() == [1, 2, 3, 2, 3]
+    # min_new_tokens = 3: rows at output lengths 1 and 2 are blocked, the one at 3 is not
+    assert unknown.min_tokens_active.tolist() == [True, True, False, False, False]
+    plain = SamplingBatchInfo.from_reqs([_req(seed=5, output_ids=[3, 3, 3])], 10, "cpu", {0})
+    assert not plain.has_logits_processors
+    assert not plain.expand([4], None).has_logits_processors
 
 
 # ---------------------------------------------------------------------------- logprobs

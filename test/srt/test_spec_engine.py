@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sglang.srt.entrypoints.engine import Engine
+from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.test.engine_checks import assert_no_kv_leak
 from sglang.test.scheduler_utils import abort, make_scheduler, run_until_idle, submit
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
@@ -71,7 +72,8 @@ def oracle_drafts(sched, reference):
             for t in ds:
                 hot = torch.nn.functional.one_hot(torch.tensor(t), worker.vocab_size).float()
                 qs.append(hot.to(worker.device))
-        return drafts, torch.stack(qs)
+        flat = torch.tensor([t for ds in drafts for t in ds], dtype=torch.int64)
+        return flat.to(worker.device), torch.stack(qs)
 
     worker.draft_tokens = draft_tokens
     return by_slot
@@ -182,6 +184,47 @@ def test_mixed_caps_and_temperatures_in_one_batch(tiny_model_dir, draft_dir, ref
     sched.kv.check_accounting()
 
 
+PROCESSOR_PARAMS = [
+    # Tokens 300 / 301 biased far above the tiny model's own choices, so the penalties decide
+    # which of them comes next: they alternate, and only when every earlier token (drafts
+    # included) is counted.
+    {"logit_bias": {"300": 100, "301": 99}, "frequency_penalty": 2.0},
+    {"logit_bias": {"300": 100, "301": 99.5}, "presence_penalty": 1.0, "repetition_penalty": 2.0},
+    {"min_new_tokens": 8, "logit_bias": {"300": 2.0}},  # processors that read no ids
+    {},  # plain greedy rows in the same batches
+]
+
+
+@pytest.mark.parametrize("drafts", ["random", "oracle"])
+def test_greedy_with_logits_processors_identical(tiny_model_dir, draft_dir, reference, drafts):
+    """Greedy requests with penalties, logit_bias and min_new_tokens in one batch: output
+    equals the plain engine's, whether the drafts are mostly rejected (random draft) or all
+    accepted (oracle: verify rows must count the earlier drafts as generated, or the
+    penalised target diverges)."""
+    ps = prompts(8)
+    params = [{**GREEDY, **PROCESSOR_PARAMS[i % 4]} for i in range(8)]
+    plain = make_scheduler(tiny_model_dir, dtype="float32")
+    ref: dict = {}
+    for i in range(8):
+        submit(plain, f"r{i}", ps[i], params[i])
+    run_until_idle(plain, ref)
+    expected = {rid: o["output_ids"] for rid, o in ref.items()}
+    # the penalties change the outputs (else this test could not see them ignored)
+    assert all(expected[f"r{i}"] != reference[f"r{i}"] for i in (0, 1, 4, 5))
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    if drafts == "oracle":
+        oracle_drafts(sched, expected)
+    outs: dict = {}
+    for i in range(8):
+        submit(sched, f"r{i}", ps[i], params[i])
+    run_until_idle(sched, outs)
+    assert {rid: o["output_ids"] for rid, o in outs.items()} == expected
+    accepted = sum(o["meta"]["spec_num_correct_drafts"] for o in outs.values())
+    if drafts == "oracle":
+        assert accepted == sum(o["meta"]["spec_num_proposed_drafts"] for o in outs.values()) > 0
+    sched.kv.check_accounting()
+
+
 def test_toggled_draft_length_keeps_draft_state(tiny_model_dir, draft_dir, reference):
     """A request whose d alternates between 0 and K produces identical output, and after each
     resume its draft proposes exactly what a never-toggled request proposes at that position
@@ -196,7 +239,8 @@ def test_toggled_draft_length_keeps_draft_state(tiny_model_dir, draft_dir, refer
 
         def record(mwb):
             drafts, q = real(mwb)
-            for idx, ds in zip(mwb.extend_prefix_lens, drafts, strict=True):
+            by_req = drafts_by_request(drafts, mwb.spec.draft_lens)
+            for idx, ds in zip(mwb.extend_prefix_lens, by_req, strict=True):
                 if ds:
                     proposals[idx] = ds
             return drafts, q
@@ -355,9 +399,9 @@ def test_all_greedy_drafts_equal_the_sampling_path(tiny_model_dir, draft_dir):
             general, q = real(mwb)
         finally:
             info.is_all_greedy = True
-        assert general == fast
-        assert q is not None and q.shape[0] == sum(len(d) for d in fast)
-        compared.append(sum(len(d) for d in fast))
+        assert general.tolist() == fast.tolist()
+        assert q is not None and q.shape[0] == fast.numel() == sum(mwb.spec.draft_lens)
+        compared.append(fast.numel())
         return fast, q_fast
 
     worker.draft_tokens = both

@@ -145,6 +145,9 @@ def test_verify_greedy_batched_matches_reference(trial: int) -> None:
     out_ids, n_acc = verify_greedy(draft_tokens, torch.tensor(lens), logits)
     out_ids2, n_acc2 = verify_greedy(draft_tokens, torch.tensor(lens, dtype=torch.int32), argmax)
     assert torch.equal(out_ids, out_ids2) and torch.equal(n_acc, n_acc2)
+    # the same lengths given on the host (the engine's path: nothing read back)
+    out_ids3, n_acc3 = verify_greedy(draft_tokens, torch.tensor(lens), argmax, host_lens=lens)
+    assert torch.equal(out_ids, out_ids3) and torch.equal(n_acc, n_acc3)
     assert out_ids.shape == (bs, max(lens) + 1) and out_ids.dtype == torch.int64
 
     ref = []
@@ -167,6 +170,10 @@ def test_verify_greedy_all_zero_lengths_and_errors() -> None:
         verify_greedy(torch.tensor([1, 2]), torch.tensor([1, 1]), logits)
     with pytest.raises(ValueError):
         verify_greedy(torch.tensor([1]), torch.tensor([2, -1]), torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="host_lens has 1 entries for 2 requests"):
+        verify_greedy(torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0]), logits, [0])
+    with pytest.raises(ValueError, match="expected 2 draft rows"):  # host lens checked too
+        verify_greedy(torch.tensor([1]), torch.tensor([1, 1]), torch.zeros(4), host_lens=[1, 1])
 
 
 # ------------------------------------------------------------------------ sampling reference
@@ -248,6 +255,8 @@ def test_speculative_sample_batched_matches_reference(trial: int) -> None:
 
     out_ids, n_acc = speculative_sample(draft_tokens, torch.tensor(lens), q, p, uniforms, batch_fn)
     assert out_ids.shape == (len(lens), max(lens) + 1)
+    host = speculative_sample(draft_tokens, torch.tensor(lens), q, p, uniforms, batch_fn, lens)
+    assert torch.equal(host.output_ids, out_ids) and torch.equal(host.num_accepted, n_acc)
 
     ref, d0 = [], 0
     for i, d in enumerate(lens):

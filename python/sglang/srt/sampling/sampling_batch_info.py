@@ -168,14 +168,36 @@ class SamplingBatchInfo:
             stops = [sorted(eos | set(r.params.stop_token_ids or ())) for r in rows]
             self.stop_mask = penaltylib.token_mask(stops, V, dev)
 
-    def expand(self, row_counts: list[int], extra_output_ids: list[list[int]]) -> SamplingBatchInfo:
+    @property
+    def reads_output_ids(self) -> bool:
+        """Whether some row's penalties read its generated ids (then `expand` needs the
+        drafts on the host)."""
+        return any(_reads_output_ids(r.params) for r in self.rows)
+
+    @property
+    def has_logits_processors(self) -> bool:
+        """Whether apply_logits_processors changes anything for these rows. Rows built by
+        `expand` have none when their requests have none (their outputs are only longer, so
+        min_new_tokens stays inactive)."""
+        fields = (self.seen_mask, self.output_counts, self.logit_bias, self.min_tokens_active)
+        return any(f is not None for f in fields)
+
+    def expand(
+        self, row_counts: list[int], extra_output_ids: list[list[int]] | None
+    ) -> SamplingBatchInfo:
         """Rows for speculative verification: request i gets row_counts[i] rows.
 
         Row j (0 <= j < row_counts[i]) of request i treats extra_output_ids[i][:j] (its draft
         tokens) as generated: penalties count them, min_new_tokens uses len(output) + j, and
         random_positions = len(output_ids) + j, so a row samples exactly what the non-speculative
-        step at that position would. Raises ValueError when lengths disagree.
+        step at that position would. extra_output_ids may be None (drafts still on the device)
+        when no row reads its output ids (`reads_output_ids` false). Raises ValueError when
+        lengths disagree, or for None drafts with rows that read them.
         """
+        if extra_output_ids is None:
+            if self.reads_output_ids:
+                raise ValueError("expand: penalties read the drafts, but none were given")
+            extra_output_ids = [[0] * (n - 1) for n in row_counts]  # counted, never read
         if len(row_counts) != len(self.rows) or len(extra_output_ids) != len(self.rows):
             raise ValueError(
                 f"expand: {len(row_counts)} row counts / {len(extra_output_ids)} draft lists "

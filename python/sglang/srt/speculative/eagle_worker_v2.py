@@ -47,6 +47,13 @@ def token_starts(mwb: ModelWorkerBatch) -> list[int]:
     return list(accumulate([0, *mwb.extend_seq_lens[:-1]]))
 
 
+def drafts_by_request(drafts: torch.Tensor, draft_lens: list[int]) -> list[list[int]]:
+    """[sum d_i] request-major draft ids (device or host) -> per request lists of d_i ids (one
+    read-back)."""
+    it = iter(drafts.tolist())
+    return [[next(it) for _ in range(n)] for n in draft_lens]
+
+
 def plain_decode_output(
     ids: list[int],
     hidden: torch.Tensor,
@@ -205,18 +212,23 @@ class EAGLEWorkerV2:
         return result
 
     # ---------------------------------------------------------------- draft + verify
-    def draft_tokens(self, mwb: ModelWorkerBatch) -> tuple[list[list[int]], torch.Tensor]:
+    def draft_tokens(self, mwb: ModelWorkerBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Chain drafting: catch-up draft extend, then d_i - 1 single-token draft steps, only
-        for requests with d_i > 0. Returns (drafts [bs][d_i] target ids, q [sum d_i, V], or None
-        when every request is greedy)."""
+        for requests with d_i > 0. Everything stays on the device (no host synchronisation).
+        Returns (drafts [sum d_i] int64 target ids on the device, request i's d_i drafts
+        contiguous, requests in order; q [sum d_i, V] float32 in the same order, or None when
+        every request is greedy)."""
         plan, info = mwb.spec, mwb.sampling_info
         d = plan.draft_lens
         active = [i for i in range(len(d)) if d[i] > 0]
         starts = token_starts(mwb)
-        drafts: list[list[int]] = [[] for _ in d]
         q_rows: list[list[torch.Tensor]] = [[] for _ in d]
-        (catchup_ids,) = int64_to_device(
-            [[t for i in active for t in plan.catchup_ids[i]]], self.device
+        # Draft step s proposes token s - 1 of every request with d_i >= s; `order` maps the
+        # step-major proposals to the request-major output (known before drafting).
+        first = list(accumulate([0, *d[:-1]]))
+        order = [first[i] + s for s in range(max(d)) for i in active if d[i] > s]
+        catchup_ids, order_t = int64_to_device(
+            [[t for i in active for t in plan.catchup_ids[i]], order], self.device
         )
         logits, g = self.draft.forward(
             catchup_ids,
@@ -227,10 +239,10 @@ class EAGLEWorkerV2:
             torch.cat([plan.catchup_slots[i] for i in active]),
         )
         step = 1
-        picked: list[tuple[list[int], torch.Tensor]] = []  # (active rows, [m] target ids)
+        picked: list[torch.Tensor] = []  # per draft step: [m] target ids of its active rows
         while True:
             tok = self._pick(logits, active, step, info, q_rows)  # [m] int64, on the device
-            picked.append((active, tok))
+            picked.append(tok)
             step += 1
             keep = [k for k, i in enumerate(active) if d[i] >= step]
             if not keep:
@@ -247,14 +259,11 @@ class EAGLEWorkerV2:
                 pos,
                 torch.stack([mwb.out_cache_loc[starts[i] + step - 2] for i in active]),
             )
-        ids = torch.cat([t for _, t in picked]).tolist()  # the one host sync of drafting
-        k = 0
-        for rows, _ in picked:
-            for i in rows:
-                drafts[i].append(ids[k])
-                k += 1
+        flat = picked[0] if len(picked) == 1 else torch.cat(picked)  # step-major
+        if len(picked) > 1:
+            flat = torch.empty_like(flat).index_copy_(0, order_t, flat)
         flat_q = [q for i in range(len(d)) for q in q_rows[i]]
-        return drafts, torch.stack(flat_q) if flat_q else None
+        return flat, torch.stack(flat_q) if flat_q else None
 
     def _pick(self, logits, active, step, info, q_rows) -> torch.Tensor:
         """Choose each active request's draft token `step` ([m] int64 target ids, device) and
@@ -281,27 +290,33 @@ class EAGLEWorkerV2:
         return self.draft_to_target[tok]
 
     def forward_verify(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
+        """Draft, verify and accept with one host synchronisation, at the end (the drafts go
+        from the draft model into the verify input on the device; the host reads them back
+        only when a penalty needs them)."""
         plan, info = mwb.spec, mwb.sampling_info
         d = plan.draft_lens
-        drafts, q = self.draft_tokens(mwb)
+        drafts, q = self.draft_tokens(mwb)  # [sum d_i] int64 device, request-major
         # Target verify: one ragged extend of sum(1 + d_i) tokens [x_n, d_1 .. d_{d_i}].
-        input_ids = mwb.input_ids.clone()
         starts = token_starts(mwb)
-        for i, ds in enumerate(drafts):
-            if ds:
-                input_ids[starts[i] + 1 : starts[i] + 1 + len(ds)] = torch.tensor(ds)
+        rows = [starts[i] + 1 + j for i in range(len(d)) for j in range(d[i])]
+        ids, rows_t, d_t = int64_to_device([mwb.input_ids, rows, d], self.device)
         out = self.model_runner.forward_worker_batch(
-            dataclasses.replace(mwb, input_ids=input_ids),
+            dataclasses.replace(mwb, input_ids=ids.index_put((rows_t,), drafts)),
             forward_mode=ForwardMode.TARGET_VERIFY,
             capture_hidden_mode=CaptureHiddenMode.LAST,
         )
         logits, hidden = out.next_token_logits, out.hidden_states  # [R, V], [R, 3H]
 
-        rows_info = info.expand([1 + x for x in d], drafts)
+        if info.is_all_greedy and not info.has_logits_processors:
+            vo = verify_greedy(drafts, d_t, logits.argmax(-1), host_lens=d)
+            return self._collect(mwb, logits, hidden, vo, starts)
+        host_drafts = None
+        if info.reads_output_ids:  # penalties count the drafts: they must come to the host
+            host_drafts = drafts_by_request(drafts, d)
+        rows_info = info.expand([1 + x for x in d], host_drafts)
         processed = rows_info.apply_logits_processors(logits)
-        draft_flat, d_t = int64_to_device([[t for ds in drafts for t in ds], d], self.device)
         if info.is_all_greedy:
-            vo = verify_greedy(draft_flat, d_t, processed.argmax(-1))
+            vo = verify_greedy(drafts, d_t, processed.argmax(-1), host_lens=d)
         else:
             p = sampling_probs(processed, rows_info)
             u = uniform_noise(rows_info.seeds, rows_info.random_positions, 1, STREAM_SPEC_ACCEPT)
@@ -311,13 +326,14 @@ class EAGLEWorkerV2:
                     probs, info.seeds, info.random_positions + steps, STREAM_SAMPLE
                 )
 
-            vo = speculative_sample(draft_flat, d_t, q, p, u[:, 0], sample_fn)
+            vo = speculative_sample(drafts, d_t, q, p, u[:, 0], sample_fn, host_lens=d)
         return self._collect(mwb, logits, hidden, vo, starts)
 
     def _collect(self, mwb, logits, hidden, vo, starts) -> GenerationBatchResult:
-        acc = vo.num_accepted.tolist()
-        out_ids = vo.output_ids.tolist()
-        tokens = [out_ids[i][: acc[i] + 1] for i in range(len(acc))]
+        # One read-back: [bs, 1 + max_d + 1] = (num_accepted, output ids)
+        both = torch.cat([vo.num_accepted.view(-1, 1), vo.output_ids], dim=1).tolist()
+        acc = [r[0] for r in both]
+        tokens = [r[1 : 2 + a] for r, a in zip(both, acc, strict=True)]
         spec = SpecStepOutput(
             tokens=tokens,
             num_accepted=acc,

@@ -132,14 +132,22 @@ class _Layout(NamedTuple):
     target_starts: torch.Tensor  # [bs] int64, first target row of request i
 
 
-def _layout(draft_lens: torch.Tensor, num_draft: int, num_target: int) -> _Layout:
-    """Offsets of the ragged layout; checks the row counts (one host sync)."""
+def _layout(
+    draft_lens: torch.Tensor, num_draft: int, num_target: int, host_lens: list[int] | None
+) -> _Layout:
+    """Offsets of the ragged layout; checks the row counts. host_lens: the same d_i as a host
+    list (then nothing is read back from the device); None: one host sync reads them."""
     if draft_lens.dim() != 1:
         raise ValueError(f"draft_lens must be 1-D, got shape {tuple(draft_lens.shape)}")
     lens = draft_lens.long()  # [bs] int64
     bs = lens.numel()
     total, max_d, min_d = 0, 0, 0
-    if bs > 0:
+    if host_lens is not None:
+        if len(host_lens) != bs:
+            raise ValueError(f"host_lens has {len(host_lens)} entries for {bs} requests")
+        if bs > 0:
+            total, max_d, min_d = sum(host_lens), max(host_lens), min(host_lens)
+    elif bs > 0:
         total, max_d, min_d = torch.stack([lens.sum(), lens.max(), lens.min()]).tolist()
     if min_d < 0:
         raise ValueError("draft_lens must be >= 0")
@@ -167,7 +175,10 @@ def _gather_padded(
 
 # ---------------------------------------------------------------------------- batched greedy
 def verify_greedy(
-    draft_tokens: torch.Tensor, draft_lens: torch.Tensor, target_predict: torch.Tensor
+    draft_tokens: torch.Tensor,
+    draft_lens: torch.Tensor,
+    target_predict: torch.Tensor,
+    host_lens: list[int] | None = None,
 ) -> VerifyOutput:
     """Greedy chain verification of a ragged batch (batched `verify_greedy_reference`).
 
@@ -176,6 +187,8 @@ def verify_greedy(
         draft_lens: [bs] int, d_i >= 0 (0: the output is just the target's argmax).
         target_predict: [sum (d_i + 1)] int64 target argmax ids, or [sum (d_i + 1), V] target
             logits (argmax taken here; ties go to the lowest id, as torch.argmax).
+        host_lens: optional, draft_lens as a host list: the call then never waits for the
+            device (without it, the lengths are read back once).
     Returns:
         VerifyOutput (see the module docstring for the layout).
     Raises:
@@ -183,7 +196,7 @@ def verify_greedy(
     """
     if target_predict.dim() == 2:
         target_predict = torch.argmax(target_predict, dim=-1)  # [sum (d_i + 1)] int64
-    lay = _layout(draft_lens, draft_tokens.numel(), target_predict.shape[0])
+    lay = _layout(draft_lens, draft_tokens.numel(), target_predict.shape[0], host_lens)
     width = lay.max_d + 1
     draft = _gather_padded(draft_tokens.long(), lay.draft_starts, lay.lens, width, -1)
     target = _gather_padded(target_predict.long(), lay.target_starts, lay.lens + 1, width, -1)
@@ -205,6 +218,7 @@ def speculative_sample(
     p: torch.Tensor,
     uniforms: torch.Tensor,
     sample_fn: BatchSampleFn,
+    host_lens: list[int] | None = None,
 ) -> VerifyOutput:
     """Speculative sampling of a ragged batch (batched `speculative_sample_reference`).
 
@@ -221,12 +235,13 @@ def speculative_sample(
         uniforms: [sum (d_i + 1)] float in (0, 1), aligned with p (bonus rows unused).
         sample_fn: (probs [bs, V] float32, steps [bs] int64) -> [bs] int64; steps[i] is
             num_accepted_i, the index of the drawn token within request i's output this step.
+        host_lens: optional, draft_lens as a host list (as in verify_greedy).
     Returns:
         VerifyOutput (see the module docstring for the layout).
     Raises:
         ValueError: on inconsistent row counts or negative lengths.
     """
-    lay = _layout(draft_lens, draft_tokens.numel(), p.shape[0])
+    lay = _layout(draft_lens, draft_tokens.numel(), p.shape[0], host_lens)
     if q.shape[0] != draft_tokens.numel() or uniforms.shape[0] != p.shape[0]:
         raise ValueError(f"q rows {q.shape[0]}, uniforms {uniforms.shape[0]} do not match")
     p, q, uniforms = p.float(), q.float(), uniforms.float()
