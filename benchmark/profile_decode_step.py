@@ -152,6 +152,8 @@ def one_mode(a: argparse.Namespace) -> dict:
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(45)
         out["scheduler_thread_cprofile_cumulative45"] = text.getvalue().splitlines()
         out["note"] = "step_ms is inflated by cProfile in this run"
+    if a.step_profile:
+        out["step_profile"] = _step_profile(sched, a)
     if a.py_spy_steps:
         out.update(py_spy_window(sched, a))
     if a.ttft_rounds:
@@ -167,6 +169,14 @@ def one_mode(a: argparse.Namespace) -> dict:
         sync(a.device)
         out["graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
         out["host_overhead_ms"] = step_ms - out["graph_ms"]
+        if runner.max_extend_len > 1:  # a speculative runner: its verify graph of K + 1 tokens
+            vkey = runner.pick(a.batch_size, a.batch_size * runner.max_extend_len)
+            sync(a.device)
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                runner.graphs[vkey].replay()
+            sync(a.device)
+            out["verify_graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
         if a.kernel_table:  # the graph's kernels (CUPTI traces kernels of graph launches)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kprof:
                 for _ in range(8):
@@ -250,6 +260,35 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
                 sort_by="self_cuda_time_total", row_limit=30
             ).splitlines()
     return out
+
+
+def _step_profile(sched, a: argparse.Namespace) -> dict:
+    """torch.profiler (CPU + CUDA) over a.step_profile scheduler steps: wall and summed CUDA
+    kernel time per step (kernel time near the wall: the step is device-bound; far below it:
+    host-bound) and the top ops by self CUDA and self CPU time."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    acts += [torch.profiler.ProfilerActivity.CUDA] if a.device == "cuda" else []
+    sync(a.device)
+    with torch.profiler.profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(a.step_profile):
+            sched.step()
+        sync(a.device)
+        wall = time.perf_counter() - t0
+    ka = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in ka if e.device_type.name == "CUDA")
+    n = a.step_profile
+    return {
+        "steps": n,
+        "wall_ms_per_step_profiled": 1e3 * wall / n,
+        "cuda_kernel_ms_per_step": kernel_us / 1e3 / n,
+        "cuda_table": ka.table(
+            sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60
+        ).splitlines(),
+        "cpu_table": ka.table(
+            sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60
+        ).splitlines(),
+    }
 
 
 def _chunk_means(t0: float, marks: list[float], chunk: int) -> list[float]:
@@ -337,6 +376,7 @@ def main() -> None:
     p.add_argument("--ttft-rounds", type=int, default=0, help="TTFT of N extra requests")
     p.add_argument("--torch-profile", action="store_true", help="op tables of 3 TTFT rounds")
     p.add_argument("--kernel-table", action="store_true", help="CUDA kernels of 8 replays")
+    p.add_argument("--step-profile", type=int, default=0, help="torch.profiler over N steps")
     p.add_argument("--py-spy-steps", type=int, default=0, help="decode steps sampled by py-spy")
     p.add_argument("--py-spy-bin", default=None, help="py-spy executable (default: on PATH)")
     p.add_argument(
