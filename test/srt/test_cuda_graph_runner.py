@@ -233,6 +233,141 @@ def test_draft_decode_cuda_graph_equals_eager(tiny_model_dir, tmp_path):
     check_draft_padded_equals_eager(tiny_model_dir, tmp_path, "cuda", use_graphs=True)
 
 
+def check_draft_extend_padded_equals_eager(tiny_model_dir, tmp_path, device, use_graphs, backend):
+    """Catch-up draft extends of ragged lengths (1, 3, 2: three requests in the bs-4 bucket,
+    then one request of 4 tokens) through DraftExtendGraphRunner equal DraftRunner.forward:
+    the last row's logits and hidden state, and the draft KV written. The decode runner built
+    after it on the same backend (as DraftRunner.init_cuda_graphs does) still replays."""
+    from sglang.srt.speculative.draft_cuda_graph_runner import (
+        DraftDecodeGraphRunner,
+        DraftExtendGraphRunner,
+    )
+    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+    draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
+    kw = {"attention_backend": backend} if backend else {}
+    dtype = "bfloat16" if backend == "flashinfer" else "float32"
+    sched = make_scheduler(
+        tiny_model_dir, device=device, dtype=dtype, max_total_tokens=4096,
+        speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3, disable_cuda_graph=True, disable_overlap_schedule=True, **kw,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    for i, n in enumerate((6, 9, 4)):
+        submit(sched, f"r{i}", torch.randint(5, 500, (n,), generator=g).tolist(), {
+            "max_new_tokens": 8, "temperature": 0, "ignore_eos": True})  # fmt: skip
+    sched.step()  # prefill: target KV and draft KV of the prompts
+    reqs = sorted(sched.running, key=lambda r: r.rid)
+    draft = sched.tp_worker.draft
+    extend = DraftExtendGraphRunner(draft, [1, 2, 4, 8], 4, use_graphs=use_graphs)
+    decode = DraftDecodeGraphRunner(draft, [1, 2, 4, 8], use_graphs=use_graphs)
+    width = 3 * draft.model.target_hidden_size
+    tol = dict(atol=3e-2, rtol=3e-2) if dtype == "bfloat16" else dict(atol=2e-4, rtol=0)
+    done = [0] * len(reqs)  # catch-up tokens written per request so far
+    for lens in ([1, 3, 2], [4, 0, 0]):
+        rows = [i for i, n in enumerate(lens) if n]
+        ext = [lens[i] for i in rows]
+        pre = [reqs[i].kv_len + done[i] for i in rows]
+        slots = sched.allocator.alloc(sum(ext))
+        k = 0
+        for i, p, n in zip(rows, pre, ext, strict=True):
+            sched.req_to_token_pool.write(reqs[i].req_pool_idx, p, slots[k : k + n])
+            k += n
+            done[i] += n
+        ids = torch.randint(5, 500, (sum(ext),), generator=g).to(device)
+        hidden = torch.randn(sum(ext), width, generator=g).to(device, getattr(torch, dtype))
+        pools = [reqs[i].req_pool_idx for i in rows]
+        assert extend.can_run_extend(ext)
+        want = draft.forward(ids, hidden, pools, pre, ext, slots)
+        k_want = draft.kv_pool.k_buffer[0][slots.to(device)].clone()
+        got = extend.extend(ids, hidden, pools, pre, ext, slots)
+        torch.testing.assert_close(draft.kv_pool.k_buffer[0][slots.to(device)], k_want, **tol)
+        torch.testing.assert_close(got[0], want[0], **tol)
+        torch.testing.assert_close(got[1], want[1], **tol)
+    assert not extend.can_run_extend([5]) and not extend.can_run_extend([1] * 9)
+    # the decode runner over the same (shared) attention buffers
+    slots = sched.allocator.alloc(len(reqs))
+    pos = [r.kv_len + n for r, n in zip(reqs, done, strict=True)]
+    for r, p, s in zip(reqs, pos, slots, strict=True):
+        sched.req_to_token_pool.write(r.req_pool_idx, p, s.view(1))
+    ids = torch.randint(5, 500, (len(reqs),), generator=g).to(device)
+    hd = draft.model.config.hidden_size
+    hidden = torch.randn(len(reqs), hd, generator=g).to(device, getattr(torch, dtype))
+    rows = [r.req_pool_idx for r in reqs]
+    want = draft.forward(ids, hidden, rows, pos, [1] * len(reqs), slots)
+    got = decode.decode(ids, hidden, rows, pos, slots)
+    torch.testing.assert_close(got[0], want[0], **tol)
+    torch.testing.assert_close(got[1], want[1], **tol)
+
+
+def test_draft_extend_padded_equals_eager_cpu(tiny_model_dir, tmp_path):
+    check_draft_extend_padded_equals_eager(tiny_model_dir, tmp_path, "cpu", False, None)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_draft_extend_cuda_graph_equals_eager(tiny_model_dir, tmp_path, backend):
+    if backend == "flashinfer":  # head_dim 64: a flashinfer kernel size
+        pytest.importorskip("flashinfer")
+        tiny_model_dir = make_tiny_model_dir(str(tmp_path), hidden=256, heads=4, kv_heads=2)
+    check_draft_extend_padded_equals_eager(tiny_model_dir, tmp_path, "cuda", True, backend)
+
+
+@pytest.mark.gpu
+@gpu
+def test_spec_engine_graphs_equal_eager(tiny_model_dir, tmp_path):
+    """Static K = 3 speculation on CUDA (Triton attention, float32): with CUDA graphs (target
+    verify, draft catch-up extend, draft decode steps) the outputs equal the eager run and the
+    plain engine's, and every proposal equals the eager run's; the catch-up graphs ran."""
+    from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
+    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+    draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(5, 500, (int(n),), generator=g).tolist() for n in (5, 17, 9, 30, 12)]
+    lens = [12, 20, 7, 16, 25]
+    kw = dict(device="cuda", attention_backend="triton", cuda_graph_bs=[1, 2, 4, 8])
+    plain = greedy(tiny_model_dir, prompts, lens, **kw)
+
+    def run(disable: bool):
+        sched = make_scheduler(
+            tiny_model_dir, dtype="float32", max_total_tokens=8192, disable_cuda_graph=disable,
+            speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
+            speculative_num_steps=3, **kw,
+        )  # fmt: skip
+        worker, proposals, replays = sched.tp_worker, [], [0]
+        real = worker.draft_tokens
+
+        def record(mwb):
+            drafts, q = real(mwb)
+            proposals.append(drafts_by_request(drafts, mwb.spec.draft_lens))
+            return drafts, q
+
+        worker.draft_tokens = record
+        runner = worker.draft.extend_graph_runner
+        if runner is not None:
+            real_extend = runner.extend
+
+            def counted(*args):
+                replays[0] += 1
+                return real_extend(*args)
+
+            runner.extend = counted
+        for i, (p, n) in enumerate(zip(prompts, lens, strict=True)):
+            submit(sched, f"r{i}", p, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+        out: dict[str, dict] = {}
+        run_until_idle(sched, out)
+        sched.kv.check_accounting()
+        return {rid: o["output_ids"] for rid, o in out.items()}, proposals, replays[0]
+
+    eager, eager_props, eager_replays = run(True)
+    graphs, graph_props, graph_replays = run(False)
+    assert eager == graphs == plain
+    assert graph_props == eager_props and len(graph_props) >= 5
+    assert eager_replays == 0 and graph_replays >= 5
+
+
 def test_fast_path_flag_validation(tiny_model_dir):
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.server_args_resolve import resolve_server_args

@@ -19,7 +19,10 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.speculative.draft_config import load_draft_model
-from sglang.srt.speculative.draft_cuda_graph_runner import DraftDecodeGraphRunner
+from sglang.srt.speculative.draft_cuda_graph_runner import (
+    DraftDecodeGraphRunner,
+    DraftExtendGraphRunner,
+)
 from sglang.srt.utils.h2d import int64_to_device
 
 
@@ -43,19 +46,46 @@ class DraftRunner:
         )
         self.attn_backend = create_attention_backend(target.attention_backend_name, self)
         self.graph_runner: DraftDecodeGraphRunner | None = None
+        self.extend_graph_runner: DraftExtendGraphRunner | None = None
 
     @property
     def token_to_kv_pool(self) -> MHATokenToKVPool:
         return self.kv_pool
 
-    def init_cuda_graphs(self, batch_sizes: list[int], use_graphs: bool = True) -> None:
-        """Capture the single-token draft steps (EAGLE-3 drafts whose attention backend can be
+    def init_cuda_graphs(
+        self, batch_sizes: list[int], max_extend_len: int, use_graphs: bool = True
+    ) -> None:
+        """Capture the catch-up draft extend (up to max_extend_len = K + 1 tokens per request)
+        and the single-token draft steps (EAGLE-3 drafts whose attention backend can be
         captured; anything else keeps running eagerly)."""
         if not isinstance(self.model, LlamaForCausalLMEagle3):
             return
         if use_graphs and not getattr(self.attn_backend, "supports_cuda_graph", False):
             return
+        self.extend_graph_runner = DraftExtendGraphRunner(
+            self, batch_sizes, max_extend_len, use_graphs
+        )  # first: the larger token count sizes the shared attention buffers
         self.graph_runner = DraftDecodeGraphRunner(self, batch_sizes, use_graphs)
+
+    def catch_up(
+        self,
+        input_ids: torch.Tensor,  # [T] int64 (device)
+        hidden_states: torch.Tensor,  # [T, 3 * target_hidden]
+        req_pool_indices: list[int],  # [bs]
+        prefix_lens: list[int],  # [bs]
+        extend_lens: list[int],  # [bs] (>= 1)
+        out_cache_loc: torch.Tensor,  # [T] int64 KV slots (CPU)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up draft extend of a drafting step: `forward`, replayed through a CUDA
+        graph when one fits. Same arguments and results as `forward`."""
+        g = self.extend_graph_runner
+        if g is not None and g.can_run_extend(extend_lens):
+            return g.extend(
+                input_ids, hidden_states, req_pool_indices, prefix_lens, extend_lens, out_cache_loc
+            )
+        return self.forward(
+            input_ids, hidden_states, req_pool_indices, prefix_lens, extend_lens, out_cache_loc
+        )
 
     def decode(
         self,

@@ -93,7 +93,9 @@ class EAGLEWorkerV2:
         )
         target_graphs = self.model_runner.cuda_graph_runner
         if target_graphs is not None:  # same bs buckets for the draft's single-token steps
-            self.draft.init_cuda_graphs(target_graphs.batch_sizes)
+            self.draft.init_cuda_graphs(
+                target_graphs.batch_sizes, server_args.speculative_num_steps + 1
+            )
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -230,7 +232,7 @@ class EAGLEWorkerV2:
         catchup_ids, order_t = int64_to_device(
             [[t for i in active for t in plan.catchup_ids[i]], order], self.device
         )
-        logits, g = self.draft.forward(
+        logits, g = self.draft.catch_up(
             catchup_ids,
             torch.cat([plan.catchup_hidden[i] for i in active]),
             [mwb.req_pool_indices[i] for i in active],

@@ -323,8 +323,19 @@ class FlashInferAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ CUDA graphs
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Persistent buffers for graphs of up to max_bs requests and max_num_tokens tokens.
+        A second runner over this backend (a draft's decode graphs after its extend graphs)
+        keeps the buffers and wrappers when they are large enough: graphs of one (bs, tokens)
+        key then share a wrapper, which each replay re-plans first."""
         max_context_len = self.model_runner.req_to_token_pool.req_to_token.shape[1]
         dev, i32 = self.device, torch.int32
+        g = self._graph
+        if (
+            g is not None
+            and g.qo_indptr.numel() >= max_bs + 1
+            and g.kv_indices.numel() >= max_bs * max_context_len + max_num_tokens
+        ):
+            return
         head_dim = getattr(getattr(self.model_runner, "model_config", None), "head_dim", 128)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         need = graph_workspace_bytes(max_num_tokens, self.num_qo_heads, head_dim, sms)
