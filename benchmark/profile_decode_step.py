@@ -101,7 +101,7 @@ def one_mode(a: argparse.Namespace) -> dict:
         **spec,
     )
     warm = 8
-    budget = warm + a.steps + 16 + 8 * a.ttft_rounds + a.py_spy_steps
+    budget = warm + a.steps + 16 + 8 * a.ttft_rounds + a.py_spy_steps + a.step_profile
     budget += 2 * 1000 if a.py_spy_steps else 0  # py-spy's attach seconds (< 1 ms per step)
     params = {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}
     gen = torch.Generator().manual_seed(0)

@@ -56,7 +56,8 @@ profile() {  # result name, seconds, extra profile_decode_step.py flags...
     --result-file "$D/$name.json" "$@" > "$D/$name.log" 2>&1
   echo "$name rc=$? at $(( $(date +%s) - T0 )) s"
   pkill -f profile_decode_step.py  # timeout leaves the per-mode child behind
-  grep -h -E '"(step_ms|graph_ms|host_overhead_ms|ttft_ms_median)"' "$D/$name.json" 2>/dev/null
+  grep -h -E '"(step_ms|graph_ms|verify_graph_ms|host_overhead_ms|ttft_ms_median|cuda_kernel_ms_per_step)"' \
+    "$D/$name.json" 2>/dev/null
 }
 
 launch_ab() {  # SmolLM2 server sweeps with SGLANG_OVERLAP_THREAD=0 then 1 (the rest of the box)
