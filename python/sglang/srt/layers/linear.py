@@ -7,7 +7,7 @@ the slicing, KV-head replication and the all-reduce in RowParallelLinear are alr
 Every forward returns (output, bias_or_None) like upstream, the bias being returned instead of
 added only when skip_bias_add=True.
 
-The matmul is `apply_linear`: F.linear, or for one or two rows of bf16/fp16 input on CUDA a
+The matmul is `apply_linear`: F.linear, or for one row of bf16/fp16 input on CUDA a
 Triton GEMV (triton_kernels/gemv.py; SGLANG_TRITON_GEMV=0 turns it off, see use_triton_gemv).
 """
 
@@ -32,7 +32,7 @@ def apply_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): x [..., K], weight [N, K], bias None or [N] -> [..., N] in
-    x's dtype. When use_triton_gemv(x, weight) (CUDA, 1 or 2 rows,
+    x's dtype. When use_triton_gemv(x, weight) (CUDA, one row,
     bf16/fp16, contiguous weight) the Triton GEMV computes it instead, the bias added in fp32
     before the one rounding; otherwise this is exactly F.linear."""
     if use_triton_gemv(x, weight) and (bias is None or bias.dtype == x.dtype):

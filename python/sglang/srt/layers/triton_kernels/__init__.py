@@ -1,5 +1,5 @@
 """Fused Triton kernels for the CUDA path (RMSNorm with residual add, SiLU-and-mul, RoPE, KV
-store), and a GEMV for the linear layers at one or two rows.
+store), and a GEMV for the linear layers at one row.
 
 The layers in ``sglang.srt.layers`` call these only when ``use_triton_kernels(tensor)`` is true:
 the tensor is on CUDA, triton is importable and SGLANG_DISABLE_TRITON_KERNELS is not set.
@@ -47,13 +47,15 @@ _GEMV_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The device-free part of use_triton_gemv: x [..., K] has 1 or 2 rows once its leading
-    dims are flattened and a unit stride along K, x and weight are both float16 or both
-    bfloat16, and weight is a contiguous [N, K]."""
+    """The device-free part of use_triton_gemv: x [..., K] has one row once its leading dims
+    are flattened and a unit stride along K, x and weight are both float16 or both bfloat16,
+    and weight is a contiguous [N, K]. Two rows (a batch-1 verify of one draft token) stay on
+    F.linear: at M = 2, cuBLAS read the Llama-3.1-8B weights faster than the GEMV on 4 of 5
+    shapes on the H200 (benchmark/results/gemv_rows2_h200_s9.json)."""
     if x.dim() == 0 or x.shape[-1] == 0:
         return False
     return (
-        x.numel() // x.shape[-1] in (1, 2)
+        x.numel() // x.shape[-1] == 1
         and x.stride(-1) == 1
         and weight.dim() == 2
         and weight.shape[1] == x.shape[-1]
