@@ -16,10 +16,12 @@ from sglang.srt.sampling.random import (
     uniform_noise,
 )
 from sglang.srt.speculative.verify import (
+    greedy_rows,
     speculative_sample,
     speculative_sample_reference,
     verify_greedy,
     verify_greedy_reference,
+    verify_greedy_rows,
 )
 
 
@@ -145,9 +147,18 @@ def test_verify_greedy_batched_matches_reference(trial: int) -> None:
     out_ids, n_acc = verify_greedy(draft_tokens, torch.tensor(lens), logits)
     out_ids2, n_acc2 = verify_greedy(draft_tokens, torch.tensor(lens, dtype=torch.int32), argmax)
     assert torch.equal(out_ids, out_ids2) and torch.equal(n_acc, n_acc2)
-    # the same lengths given on the host (the engine's path: nothing read back)
+    # the same lengths given on the host: nothing read back
     out_ids3, n_acc3 = verify_greedy(draft_tokens, torch.tensor(lens), argmax, host_lens=lens)
     assert torch.equal(out_ids, out_ids3) and torch.equal(n_acc, n_acc3)
+    # the engine's path: indices built on the host, drafts read from the verify input
+    verify_ids = torch.full((sum(lens) + bs,), -7, dtype=torch.int64)  # last tokens: unread
+    for i, d in enumerate(lens):
+        verify_ids[t_starts[i] + 1 : t_starts[i] + 1 + d] = draft_tokens[
+            d_starts[i] : d_starts[i] + d
+        ]
+    idx = [torch.tensor(x) for x in greedy_rows(lens)]
+    rows_out = verify_greedy_rows(argmax, verify_ids, *idx, max(lens) + 1)
+    assert torch.equal(rows_out.output_ids, out_ids) and torch.equal(rows_out.num_accepted, n_acc)
     assert out_ids.shape == (bs, max(lens) + 1) and out_ids.dtype == torch.int64
 
     ref = []
@@ -160,6 +171,15 @@ def test_verify_greedy_batched_matches_reference(trial: int) -> None:
         assert n_acc[i].item() == n
         assert out_ids[i].tolist() == toks + [-1] * (max(lens) + 1 - len(toks))
     assert torch.equal(out_ids[out_ids >= 0], _flat_reference_tokens(ref))
+
+
+def test_greedy_rows_layout() -> None:
+    """Requests with d = 2 and 0: W = 3 columns each; the second request starts at row 3."""
+    target, draft, valid = greedy_rows([2, 0])
+    assert target == [0, 1, 2, 3, 3, 3]
+    assert draft == [1, 2, 2, 3, 3, 3]
+    assert valid == [1, 1, 0, 0, 0, 0]
+    assert greedy_rows([]) == ([], [], [])
 
 
 def test_verify_greedy_all_zero_lengths_and_errors() -> None:

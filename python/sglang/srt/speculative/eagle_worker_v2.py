@@ -38,7 +38,7 @@ from sglang.srt.speculative.draft_config import (
 )
 from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
-from sglang.srt.speculative.verify import speculative_sample, verify_greedy
+from sglang.srt.speculative.verify import greedy_rows, speculative_sample, verify_greedy_rows
 from sglang.srt.utils.h2d import int64_to_device
 
 
@@ -301,16 +301,18 @@ class EAGLEWorkerV2:
         # Target verify: one ragged extend of sum(1 + d_i) tokens [x_n, d_1 .. d_{d_i}].
         starts = token_starts(mwb)
         rows = [starts[i] + 1 + j for i in range(len(d)) for j in range(d[i])]
-        ids, rows_t, d_t = int64_to_device([mwb.input_ids, rows, d], self.device)
+        greedy = greedy_rows(d) if info.is_all_greedy else ([], [], [])
+        ids, rows_t, d_t, *lay = int64_to_device([mwb.input_ids, rows, d, *greedy], self.device)
+        ids = ids.index_put((rows_t,), drafts)  # [R] int64: the verify input
         out = self.model_runner.forward_worker_batch(
-            dataclasses.replace(mwb, input_ids=ids.index_put((rows_t,), drafts)),
+            dataclasses.replace(mwb, input_ids=ids),
             forward_mode=ForwardMode.TARGET_VERIFY,
             capture_hidden_mode=CaptureHiddenMode.LAST,
         )
         logits, hidden = out.next_token_logits, out.hidden_states  # [R, V], [R, 3H]
 
         if info.is_all_greedy and not info.has_logits_processors:
-            vo = verify_greedy(drafts, d_t, logits.argmax(-1), host_lens=d)
+            vo = verify_greedy_rows(logits.argmax(-1), ids, *lay, max(d) + 1)
             return self._collect(mwb, logits, hidden, vo, starts)
         host_drafts = None
         if info.reads_output_ids:  # penalties count the drafts: they must come to the host
@@ -318,7 +320,7 @@ class EAGLEWorkerV2:
         rows_info = info.expand([1 + x for x in d], host_drafts)
         processed = rows_info.apply_logits_processors(logits)
         if info.is_all_greedy:
-            vo = verify_greedy(drafts, d_t, processed.argmax(-1), host_lens=d)
+            vo = verify_greedy_rows(processed.argmax(-1), ids, *lay, max(d) + 1)
         else:
             p = sampling_probs(processed, rows_info)
             u = uniform_noise(rows_info.seeds, rows_info.random_positions, 1, STREAM_SPEC_ACCEPT)

@@ -210,6 +210,57 @@ def verify_greedy(
     return VerifyOutput(output_ids, num_accepted)
 
 
+def greedy_rows(draft_lens: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Host-built gather indices of verify_greedy_rows for requests with draft lengths d_i,
+    laid out [bs, W] row-major (W = max d_i + 1; flattened lists of bs * W ints):
+    target rows: request i's verify row min(j, d_i) (row j scores the token after draft j - 1);
+    draft rows: the verify-input row of draft j (1 + min(j, d_i - 1) past the request's first
+    row; the first row itself when d_i = 0); valid: 1 where j < d_i. Rows count from 0 at the
+    first request's first verify token."""
+    width = max(draft_lens, default=0) + 1
+    target, draft, valid = [], [], []
+    start = 0
+    for d in draft_lens:
+        for j in range(width):
+            target.append(start + min(j, d))
+            draft.append(start + 1 + min(j, d - 1) if d > 0 else start)
+            valid.append(1 if j < d else 0)
+        start += d + 1
+    return target, draft, valid
+
+
+def verify_greedy_rows(
+    predict: torch.Tensor,
+    verify_ids: torch.Tensor,
+    target_rows: torch.Tensor,
+    draft_rows: torch.Tensor,
+    valid: torch.Tensor,
+    width: int,
+) -> VerifyOutput:
+    """verify_greedy with the ragged layout's indices built on the host (greedy_rows): a few
+    device ops and no host synchronisation (what the engine runs every greedy verify step).
+
+    Args:
+        predict: [sum (d_i + 1)] int64 target argmax ids of the verify rows.
+        verify_ids: [sum (d_i + 1)] int64 verify input (request i: its last token, then its
+            d_i drafts).
+        target_rows, draft_rows, valid: greedy_rows' lists as [bs * width] int64 tensors on
+            predict's device.
+        width: max d_i + 1.
+    Returns:
+        VerifyOutput, equal to verify_greedy's.
+    """
+    bs = target_rows.numel() // width
+    target = predict[target_rows].view(bs, width)  # [bs, W] int64
+    draft = verify_ids[draft_rows].view(bs, width)  # [bs, W] int64
+    # x_j survives iff it equals the target argmax at j and every earlier draft survived.
+    match = (target == draft) & (valid.view(bs, width) > 0)
+    num_accepted = match.long().cumprod(dim=1).sum(dim=1)  # [bs] int64
+    cols = torch.arange(width, device=predict.device).view(1, -1)
+    # The output is the target's argmax prefix of length num_accepted + 1 (the bonus last).
+    return VerifyOutput(target.masked_fill(cols > num_accepted.view(-1, 1), -1), num_accepted)
+
+
 # -------------------------------------------------------------------------- batched sampling
 def speculative_sample(
     draft_tokens: torch.Tensor,
