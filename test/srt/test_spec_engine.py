@@ -411,3 +411,125 @@ def test_all_greedy_drafts_equal_the_sampling_path(tiny_model_dir, draft_dir):
     run_until_idle(sched, outs)
     assert len(compared) >= 5 and sum(compared) >= 5 * K
     sched.kv.check_accounting()
+
+
+def test_mixed_draft_lengths_sampled_batch_with_penalties(tiny_model_dir, draft_dir):
+    """Draft lengths d = [2, 0, 3, 1] (rotating) in batches of greedy and sampled requests
+    with penalties: every draft sits in its request's verify rows with its own q row (a
+    greedy request's q row is one-hot at its draft), the greedy requests (verified by the
+    sampling path, penalties counting the drafts) equal the plain engine, and the sampled
+    ones are reproducible."""
+    ps = prompts(8, seed=5)
+    # greedy: penalties that change the output (PROCESSOR_PARAMS); sampled: penalties only
+    pen = [{"frequency_penalty": 1.5}, {"repetition_penalty": 1.8, "presence_penalty": 0.5}]
+    params = [
+        {**GREEDY, **pen[(i // 2) % 2], "temperature": 0.8, "sampling_seed": i}
+        if i % 2
+        else {**GREEDY, **PROCESSOR_PARAMS[(i // 2) % 2]}
+        for i in range(8)
+    ]
+    plain = make_scheduler(tiny_model_dir, dtype="float32")
+    ref: dict = {}
+    for i in range(8):
+        submit(plain, f"r{i}", ps[i], params[i])
+    run_until_idle(plain, ref)
+
+    def run() -> tuple[dict, list[list[int]]]:
+        sched = spec_scheduler(tiny_model_dir, draft_dir)
+        worker, seen = sched.tp_worker, []
+        real, base = worker.draft_tokens, sched.spec.choose_draft_lens
+
+        def mixed(reqs):
+            caps, k = base(reqs), len(seen)
+            return [min(c, [2, 0, 3, 1][(j + k) % 4]) for j, c in enumerate(caps)]
+
+        def checked(mwb):
+            drafts, q = real(mwb)
+            d = mwb.spec.draft_lens
+            assert drafts.shape == (sum(d),) and q.shape[0] == sum(d)
+            greedy = mwb.sampling_info.greedy_mask.tolist()
+            k = 0
+            for i, ds in enumerate(drafts_by_request(drafts, d)):
+                for x in ds:
+                    assert q[k, x] > 0  # x was drawn from q's row
+                    if greedy[i]:
+                        assert q[k, x] == 1.0 and q[k].sum() == 1.0
+                    k += 1
+            seen.append(list(d))
+            return drafts, q
+
+        worker.draft_tokens, sched.spec.choose_draft_lens = checked, mixed
+        outs: dict = {}
+        for i in range(8):
+            submit(sched, f"r{i}", ps[i], params[i])
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        return {rid: o["output_ids"] for rid, o in outs.items()}, seen
+
+    first, seen = run()
+    assert any(0 in d and len(set(d) - {0}) >= 2 for d in seen)  # ragged steps happened
+    for i in range(0, 8, 2):
+        assert first[f"r{i}"] == ref[f"r{i}"]["output_ids"]
+    assert run()[0] == first
+
+
+def test_padded_draft_graph_runners_equal_eager_engine(tiny_model_dir, draft_dir, reference):
+    """The draft's extend and decode graph runners run eagerly over their padded static
+    batches (the CUDA-graph path's padding on CPU) inside the engine: three requests in the
+    bs-4 bucket, ragged catch-ups, and catch-ups longer than K + 1 (after steps without
+    drafting) falling back to the unpadded forward. Outputs equal the plain engine's and
+    every proposal equals the eager run's."""
+    ps = prompts(24)
+
+    def run(padded: bool):
+        sched = spec_scheduler(tiny_model_dir, draft_dir)
+        worker, proposals, calls = sched.tp_worker, [], {"graph": 0, "long": 0}
+        draft = worker.draft
+        if padded:
+            draft.init_cuda_graphs([1, 2, 4], K + 1, use_graphs=False)
+            runner, real_extend = draft.extend_graph_runner, draft.extend_graph_runner.extend
+
+            def counted(*args):
+                calls["graph"] += 1
+                return real_extend(*args)
+
+            runner.extend = counted
+        real_catch_up, real_tokens = draft.catch_up, worker.draft_tokens
+
+        def catch_up(*args):
+            calls["long"] += max(args[4]) > K + 1  # extend_lens
+            return real_catch_up(*args)
+
+        def record(mwb):
+            drafts, q = real_tokens(mwb)
+            proposals.append(drafts_by_request(drafts, mwb.spec.draft_lens))
+            return drafts, q
+
+        draft.catch_up, worker.draft_tokens = catch_up, record
+        step, base = {"n": 0}, sched.spec.choose_draft_lens
+
+        def toggled(reqs):  # catch-ups of 1 to 3 tokens, and of 6 (r2 skips steps 10..14)
+            step["n"] += 1
+            n, lens = step["n"], base(reqs)
+            on = ["111111", "101101", "100111"]
+            return [
+                d
+                if on[int(r.rid[1:])][n % 6] == "1" and not (r.rid == "r2" and 10 <= n < 15)
+                else 0
+                for r, d in zip(reqs, lens, strict=True)
+            ]
+
+        sched.spec.choose_draft_lens = toggled
+        outs: dict = {}
+        for i in range(3):
+            submit(sched, f"r{i}", ps[i], GREEDY)
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        return {rid: o["output_ids"] for rid, o in outs.items()}, proposals, calls
+
+    eager, eager_props, _ = run(False)
+    padded, padded_props, calls = run(True)
+    assert eager == padded == {f"r{i}": reference[f"r{i}"] for i in range(3)}
+    assert padded_props == eager_props and len(padded_props) >= 5
+    # every drafting step but those with a long catch-up went through the padded runner
+    assert calls["long"] >= 1 and calls["graph"] == len(padded_props) - calls["long"] >= 10
