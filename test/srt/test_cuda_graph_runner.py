@@ -48,6 +48,12 @@ def test_graph_batch_sizes_and_pick():
     assert r.pick(8, 9) == GraphKey(8, 16)
     assert r.pick(9, 9) is None  # beyond the largest bucket
     assert GraphKey(4, 12).max_extend_len == 3
+    # what the attention backend must cover: the longest request a bucket can hold
+    assert r.longest_request(GraphKey(4, 8)) == 4  # 8 - 3 one-token requests, capped at 4
+    assert r.longest_request(GraphKey(4, 4)) == 1
+    assert r.longest_request(GraphKey(2, 4)) == 3
+    wide = _Stub([1, 2], 40)  # K = 39: lens (40, 1) replay bucket (2, 42), 21 per request
+    assert wide.pick(2, 41) == GraphKey(2, 42) and wide.longest_request(GraphKey(2, 42)) == 40
 
 
 class Requests:
@@ -151,6 +157,30 @@ def test_cuda_graph_replay_equals_eager(tiny_model_dir, mode):
     graphs = CudaGraphRunner(runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8])
     assert len(graphs.graphs) == 16
     check_padded_equals_eager(runner, graphs, mode, atol=2e-4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_graph_verify_longer_than_one_query_block(tiny_model_dir):
+    """A verify of 40 + 1 tokens replays bucket (2, 42), 21 tokens per request on average:
+    the Triton extend kernel must still cover the 40-token request (its grid of 32-query
+    blocks is sized from the longest request a bucket holds, not from the average)."""
+    sched = make_scheduler(
+        tiny_model_dir, device="cuda", dtype="float32", attention_backend="triton",
+        max_total_tokens=4096, disable_cuda_graph=True,
+    )  # fmt: skip
+    runner = sched.tp_worker.model_runner
+    graphs = CudaGraphRunner(runner, CaptureHiddenMode.NULL, max_extend_len=40, batch_sizes=[2])
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (6, 9)]
+    reqs = Requests(runner, prompts)
+    runner.forward_worker_batch(reqs.batch([0, 1], prompts, ForwardMode.EXTEND))
+    new = [torch.randint(5, 500, (40,), generator=g).tolist(), [7]]
+    mwb = reqs.batch([0, 1], new, ForwardMode.TARGET_VERIFY)
+    assert graphs.pick(2, 41) == GraphKey(2, 42)
+    eager = runner.forward_worker_batch(mwb)
+    padded = graphs.replay(mwb)
+    torch.testing.assert_close(padded.next_token_logits, eager.next_token_logits, atol=2e-4, rtol=0)
 
 
 def greedy(model_dir: str, prompts, lens, **kw) -> dict[str, list[int]]:

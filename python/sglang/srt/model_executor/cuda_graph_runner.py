@@ -161,6 +161,14 @@ class CudaGraphRunner:
             return False
         return self.pick(bs, sum(ext)) is not None
 
+    def longest_request(self, key: GraphKey) -> int:
+        """Most tokens one request can compute in key's graph: max_extend_len, or fewer when
+        the other key.bs - 1 requests (one token each at least) leave less. This, not the
+        bucket's tokens per request (key.max_extend_len), bounds what the attention backend
+        must cover: a replay of 2 requests with 41 + 1 tokens fits bucket (2, 42), whose
+        average is 21 (the Triton extend kernel sizes its grid of query blocks from it)."""
+        return min(self.max_extend_len, key.num_tokens - (key.bs - 1))
+
     def pick(self, bs: int, num_tokens: int) -> GraphKey | None:
         """The smallest bucket holding bs requests and num_tokens tokens plus one token per
         pad request."""
@@ -280,7 +288,7 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream(self.device)
         for key in sorted(self.keys, key=lambda k: (k.num_tokens, k.bs), reverse=True):
             fb = self._dummy_fill(key)
-            self.backend.init_forward_metadata_capture_cuda_graph(fb, key.max_extend_len)
+            self.backend.init_forward_metadata_capture_cuda_graph(fb, self.longest_request(key))
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile Triton kernels, settle allocator
@@ -309,7 +317,7 @@ class CudaGraphRunner:
         if not self.use_graphs:
             self.backend.init_forward_metadata(fb)
             return self._run_model(fb)
-        self.backend.init_forward_metadata_replay_cuda_graph(fb, key.max_extend_len)
+        self.backend.init_forward_metadata_replay_cuda_graph(fb, self.longest_request(key))
         self.graphs[key].replay()
         return self.outputs[key]
 
