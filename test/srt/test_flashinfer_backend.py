@@ -367,3 +367,10 @@ def test_capture_plan_overflow_grows_the_workspace_and_replans(monkeypatch):
         be.init_forward_metadata_replay_cuda_graph = fails(msg)
         with pytest.raises(RuntimeError, match=msg[:20]):
             be.init_forward_metadata_capture_cuda_graph(fb, 2)
+    # A second runner capturing a key whose wrapper an earlier graph shares (a draft's decode
+    # graphs after its extend graphs): no silent new wrapper, which would leave the earlier
+    # graph replaying a stale plan.
+    be.init_forward_metadata_replay_cuda_graph = fails(overflow)
+    with pytest.raises(RuntimeError, match="another runner's graph shares"):
+        be.init_forward_metadata_capture_cuda_graph(fb, 2)
+    assert be._graph_wrappers[(256, 512)][0] == 2

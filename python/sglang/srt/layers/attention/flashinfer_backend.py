@@ -359,7 +359,8 @@ class FlashInferAttnBackend(AttentionBackend):
             raise RuntimeError("init_cuda_graph_state must run before capturing a graph")
         is_decode = fb.num_tokens == fb.batch_size
         use_tc = decode_uses_tensor_cores(self.num_qo_heads, fb.token_to_kv_pool.head_num)
-        if key not in self._graph_wrappers:
+        shared = key in self._graph_wrappers  # captured before by another runner
+        if not shared:
             wrapper = self._new_wrapper(is_decode, use_tc, bs=fb.batch_size)
             self._graph_wrappers[key] = (wrapper, is_decode)
         try:
@@ -368,6 +369,12 @@ class FlashInferAttnBackend(AttentionBackend):
             asked = workspace_overflow_bytes(e)
             if asked is None:
                 raise
+            if shared:  # a new wrapper would leave the earlier runner's graph on a stale plan
+                raise RuntimeError(
+                    f"FlashInfer workspace overflow while capturing graph {key}, whose wrapper "
+                    "another runner's graph shares; capture the runner with more tokens first "
+                    "or set SGLANG_FLASHINFER_WORKSPACE_SIZE larger"
+                ) from e
             # Grow the shared workspace and re-plan this graph's wrapper on it. Graphs captured
             # before keep the buffer their wrappers were planned on (still referenced).
             grown = self.workspace.numel() + asked + (64 << 20)
