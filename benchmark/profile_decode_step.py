@@ -86,9 +86,10 @@ def one_mode(a: argparse.Namespace) -> dict:
             speculative_num_steps=a.spec_k if a.mode == "static_sync" else 5,
             speculative_adaptive=a.mode != "static_sync",
         )
-        log = logging.getLogger("sglang.srt.speculative.adaptive.controller")
-        log.setLevel(logging.DEBUG)
-        log.addHandler(_ListHandler(trace))
+        if a.controller_trace:  # the per-step debug line costs ~0.1 ms of host per step
+            log = logging.getLogger("sglang.srt.speculative.adaptive.controller")
+            log.setLevel(logging.DEBUG)
+            log.addHandler(_ListHandler(trace))
     sched = make_scheduler(
         a.model_path,  # None: the bundled SmolLM2-135M-Instruct
         load_format=a.load_format,
@@ -377,6 +378,11 @@ def main() -> None:
     p.add_argument("--torch-profile", action="store_true", help="op tables of 3 TTFT rounds")
     p.add_argument("--kernel-table", action="store_true", help="CUDA kernels of 8 replays")
     p.add_argument("--step-profile", type=int, default=0, help="torch.profiler over N steps")
+    p.add_argument(
+        "--controller-trace",
+        action="store_true",
+        help="keep the adaptive controller's per-step debug lines (adds host work per step)",
+    )
     p.add_argument("--py-spy-steps", type=int, default=0, help="decode steps sampled by py-spy")
     p.add_argument("--py-spy-bin", default=None, help="py-spy executable (default: on PATH)")
     p.add_argument(
