@@ -29,8 +29,8 @@ prompt ids, greedy, ignore_eos) and reports
 - graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
 - host_overhead_ms = step_ms - graph_ms: time the GPU is not running the model's graph;
 - speculative modes: the scheduler's speculative counters (drafting steps, accepted drafts)
-  and, for `adaptive`, the controller's per-step debug lines (predicted / measured step time)
-  and its fitted step-time coefficients;
+  and, for `adaptive`, its fitted step-time coefficients and (--controller-trace) the
+  controller's per-step debug lines (predicted / measured step time);
 - with --weight-bytes (config arithmetic of bench_common.llama_weight_bytes) and the copy
   bandwidth measured in the same process: roofline_ms and roofline_fraction = roofline_ms /
   step_ms;
