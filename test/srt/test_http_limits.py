@@ -126,8 +126,8 @@ BAD_BIAS = [  # (raw logit_bias JSON, what the message must say)
     ('{"5": null}', 'logit_bias["5"] must be a number in [-100, 100], got null'),
     ('{"five": 1}', 'logit_bias key "five" is not a token id'),
     ('{"5.0": 1}', 'logit_bias key "5.0" is not a token id'),
-    ('{"99999999": 1}', "logit_bias='99999999': outside vocab [0, "),
-    ('{"-1": 1}', "logit_bias='-1': outside vocab [0, "),
+    ('{"99999999": 1}', 'logit_bias key "99999999" is outside vocab [0, '),
+    ('{"-1": 1}', 'logit_bias key "-1" is outside vocab [0, '),
     ("[5]", "logit_bias must be a dict of token id -> float, got [5]"),
 ]
 

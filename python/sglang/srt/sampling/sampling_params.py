@@ -127,7 +127,10 @@ class SamplingParams:
             _require(ok, "stop_token_ids", tid, f"outside vocab [0, {vocab_size})")
         for key, bias in (self.logit_bias or {}).items():
             tid = _token_id_key(key)
-            _require(0 <= tid < vocab_size, "logit_bias", key, f"outside vocab [0, {vocab_size})")
+            if not 0 <= tid < vocab_size:  # the key as the client wrote it (JSON), like values
+                raise ValueError(
+                    f"logit_bias key {json_text(str(key))} is outside vocab [0, {vocab_size})"
+                )
             _bias_value(key, bias)
         if self.max_draft_tokens is not None:
             _require(self.max_draft_tokens >= 0, "max_draft_tokens", self.max_draft_tokens)
