@@ -35,14 +35,14 @@ from sglang.srt.entrypoints.openai.errors import (
     install_error_handlers,
 )
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
-from sglang.srt.entrypoints.openai.serving_completions import (
+from sglang.srt.entrypoints.openai.serving_base import (
     ClientGone,
-    OpenAIServingCompletion,
     generate_once,
     open_stream,
     sse_frames,
 )
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
+from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.request_validation import lone_surrogate_message, lone_surrogate_path
 from sglang.srt.metrics.collector import CONTENT_TYPE, TokenizerMetricsCollector

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from sglang.srt.entrypoints.openai.errors import OpenAIError, OrjsonResponse
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
-from sglang.srt.entrypoints.openai.serving_completions import (
+from sglang.srt.entrypoints.openai.serving_base import (
     EngineStream,
     as_list,
     check_max_tokens,
