@@ -126,7 +126,7 @@ def sampling_probs(
     probs = torch.softmax(processed / info.temperatures, dim=-1)  # [bs, V] float32
     if info.need_top_k or info.need_top_p or info.need_min_p:
         probs = top_k_top_p_min_p_renorm(probs, info.top_ks, info.top_ps, info.min_ps)
-    if one_hot_greedy and bool(info.greedy_mask.any()):
+    if one_hot_greedy and info.has_greedy:  # a host flag: no read-back of greedy_mask
         hot = torch.zeros_like(probs).scatter_(1, processed.argmax(-1, keepdim=True), 1.0)
         probs = torch.where(info.greedy_mask.view(-1, 1), hot, probs)
     return probs

@@ -61,6 +61,7 @@ class SamplingBatchInfo:
     random_positions: torch.Tensor  # [bs] int64, output index of the token being sampled
     greedy_mask: torch.Tensor  # [bs] bool, rows that take the exact argmax
     is_all_greedy: bool
+    has_greedy: bool  # some row is greedy (greedy_mask.any(), known on the host)
     need_top_k: bool
     need_top_p: bool
     need_min_p: bool
@@ -131,6 +132,7 @@ class SamplingBatchInfo:
             random_positions=ints[2],
             greedy_mask=ints[0] == 1,  # greedy rows (and only they) have effective top-k 1
             is_all_greedy=all(greedy),
+            has_greedy=any(greedy),
             need_top_k=any(k < vocab_size for k, g in zip(top_ks, greedy, strict=True) if not g),
             need_top_p=any(p.top_p < 1.0 for p, g in zip(params, greedy, strict=True) if not g),
             need_min_p=any(p.min_p > 0.0 for p, g in zip(params, greedy, strict=True) if not g),
