@@ -259,7 +259,7 @@ class EAGLEWorkerV2:
                 g[keep_t],
                 [mwb.req_pool_indices[i] for i in active],
                 pos,
-                torch.stack([mwb.out_cache_loc[starts[i] + step - 2] for i in active]),
+                mwb.out_cache_loc[[starts[i] + step - 2 for i in active]],  # one CPU gather
             )
         flat = picked[0] if len(picked) == 1 else torch.cat(picked)  # step-major
         if len(picked) > 1:
