@@ -213,27 +213,35 @@ def test_engine_graphs_equal_eager_while_batch_shrinks(tiny_model_dir, backend, 
     assert same == len(eager) if backend == "triton" else same >= len(eager) - 2
 
 
-def check_draft_padded_equals_eager(tiny_model_dir, tmp_path, device: str, use_graphs: bool):
-    from sglang.srt.speculative.draft_cuda_graph_runner import DraftDecodeGraphRunner
+def prefilled_draft(tiny_model_dir, tmp_path, device: str, dtype: str, backend, seed: int):
+    """An EAGLE-3 scheduler (K = 3, eager) with three prompts (6, 9, 4 tokens) prefilled, so
+    the target and draft KV of the prompts are in place. Returns (scheduler, its running
+    requests by rid, the DraftRunner, the random generator used)."""
     from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
     draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
     sched = make_scheduler(
-        tiny_model_dir, device=device, dtype="float32", max_total_tokens=4096,
+        tiny_model_dir, device=device, dtype=dtype, max_total_tokens=4096,
         speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
         speculative_num_steps=3, disable_cuda_graph=True,
-        # no worker thread: a step it runs while the graphs below are captured would
-        # invalidate the capture (CUDA's global capture mode)
+        # no worker thread: a step it runs while graphs are captured would invalidate the
+        # capture (CUDA's global capture mode)
         disable_overlap_schedule=True,
-        **({"attention_backend": "triton"} if device == "cuda" else {}),
+        **({"attention_backend": backend} if backend else {}),
     )  # fmt: skip
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(seed)
     for i, n in enumerate((6, 9, 4)):
         submit(sched, f"r{i}", torch.randint(5, 500, (n,), generator=g).tolist(), {
             "max_new_tokens": 8, "temperature": 0, "ignore_eos": True})  # fmt: skip
     sched.step()  # prefill: target KV and draft KV of the prompts
-    reqs = sorted(sched.running, key=lambda r: r.rid)
-    draft = sched.tp_worker.draft
+    return sched, sorted(sched.running, key=lambda r: r.rid), sched.tp_worker.draft, g
+
+
+def check_draft_padded_equals_eager(tiny_model_dir, tmp_path, device: str, use_graphs: bool):
+    from sglang.srt.speculative.draft_cuda_graph_runner import DraftDecodeGraphRunner
+
+    backend = "triton" if device == "cuda" else None
+    sched, reqs, draft, g = prefilled_draft(tiny_model_dir, tmp_path, device, "float32", backend, 3)
     graphs = DraftDecodeGraphRunner(draft, [1, 2, 4, 8], use_graphs=use_graphs)
     hd = draft.model.config.hidden_size
     for step in range(2):
@@ -272,23 +280,9 @@ def check_draft_extend_padded_equals_eager(tiny_model_dir, tmp_path, device, use
         DraftDecodeGraphRunner,
         DraftExtendGraphRunner,
     )
-    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
-    draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
-    kw = {"attention_backend": backend} if backend else {}
     dtype = "bfloat16" if backend == "flashinfer" else "float32"
-    sched = make_scheduler(
-        tiny_model_dir, device=device, dtype=dtype, max_total_tokens=4096,
-        speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
-        speculative_num_steps=3, disable_cuda_graph=True, disable_overlap_schedule=True, **kw,
-    )  # fmt: skip
-    g = torch.Generator().manual_seed(5)
-    for i, n in enumerate((6, 9, 4)):
-        submit(sched, f"r{i}", torch.randint(5, 500, (n,), generator=g).tolist(), {
-            "max_new_tokens": 8, "temperature": 0, "ignore_eos": True})  # fmt: skip
-    sched.step()  # prefill: target KV and draft KV of the prompts
-    reqs = sorted(sched.running, key=lambda r: r.rid)
-    draft = sched.tp_worker.draft
+    sched, reqs, draft, g = prefilled_draft(tiny_model_dir, tmp_path, device, dtype, backend, 5)
     extend = DraftExtendGraphRunner(draft, [1, 2, 4, 8], 4, use_graphs=use_graphs)
     decode = DraftDecodeGraphRunner(draft, [1, 2, 4, 8], use_graphs=use_graphs)
     width = 3 * draft.model.target_hidden_size
@@ -307,14 +301,14 @@ def check_draft_extend_padded_equals_eager(tiny_model_dir, tmp_path, device, use
         ids = torch.randint(5, 500, (sum(ext),), generator=g).to(device)
         hidden = torch.randn(sum(ext), width, generator=g).to(device, getattr(torch, dtype))
         pools = [reqs[i].req_pool_idx for i in rows]
-        assert extend.can_run_extend(ext)
+        assert extend.fits(ext)
         want = draft.forward(ids, hidden, pools, pre, ext, slots)
         k_want = draft.kv_pool.k_buffer[0][slots.to(device)].clone()
         got = extend.extend(ids, hidden, pools, pre, ext, slots)
         torch.testing.assert_close(draft.kv_pool.k_buffer[0][slots.to(device)], k_want, **tol)
         torch.testing.assert_close(got[0], want[0], **tol)
         torch.testing.assert_close(got[1], want[1], **tol)
-    assert not extend.can_run_extend([5]) and not extend.can_run_extend([1] * 9)
+    assert not extend.fits([5]) and not extend.fits([1] * 9)
     # the decode runner over the same (shared) attention buffers
     slots = sched.allocator.alloc(len(reqs))
     pos = [r.kv_len + n for r, n in zip(reqs, done, strict=True)]

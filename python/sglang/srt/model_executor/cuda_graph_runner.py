@@ -153,13 +153,18 @@ class CudaGraphRunner:
         hidden-state capture mode is the one captured."""
         if capture_hidden_mode != self.capture_hidden_mode:
             return False
-        bs = mwb.batch_size
-        if bs == 0 or bs > self.max_bs or mwb.return_logprob and any(mwb.input_logprob_targets):
+        if mwb.return_logprob and any(mwb.input_logprob_targets):
             return False
-        ext = mwb.extend_seq_lens
-        if mwb.num_logit_rows != ext or max(ext) > self.max_extend_len:
+        return mwb.num_logit_rows == mwb.extend_seq_lens and self.fits(mwb.extend_seq_lens)
+
+    def fits(self, extend_lens: list[int]) -> bool:
+        """Whether requests computing these numbers of tokens (each >= 1) fit a captured graph:
+        at least one and at most max_bs requests, none longer than max_extend_len, and a
+        bucket holding them all."""
+        bs = len(extend_lens)
+        if not 0 < bs <= self.max_bs or max(extend_lens) > self.max_extend_len:
             return False
-        return self.pick(bs, sum(ext)) is not None
+        return self.pick(bs, sum(extend_lens)) is not None
 
     def longest_request(self, key: GraphKey) -> int:
         """Most tokens one request can compute in key's graph: max_extend_len, or fewer when

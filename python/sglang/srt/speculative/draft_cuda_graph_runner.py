@@ -96,20 +96,13 @@ class DraftExtendGraphRunner(CudaGraphRunner):
         fb.logits_indices = fb.extend_start_loc + fb.extend_seq_lens - 1  # [bs] int64
         return self.model.forward(fb.input_ids, fb.positions, fb, self.hidden[: fb.num_tokens])
 
-    def can_run_extend(self, extend_lens: list[int]) -> bool:
-        """Whether a catch-up of these per-request lengths (each >= 1) fits a captured graph."""
-        bs = len(extend_lens)
-        if not 0 < bs <= self.max_bs or max(extend_lens) > self.max_extend_len:
-            return False
-        return self.pick(bs, sum(extend_lens)) is not None
-
     def extend(
         self,
         input_ids: torch.Tensor,  # [T] int64 (device)
         hidden: torch.Tensor,  # [T, 3 * target hidden]: the target's aux states of the rows
         req_pool_indices: list[int],  # [bs]
         prefix_lens: list[int],  # [bs] draft positions before this call's tokens
-        extend_lens: list[int],  # [bs] tokens per request (can_run_extend must hold)
+        extend_lens: list[int],  # [bs] tokens per request (fits(extend_lens) must hold)
         out_cache_loc: torch.Tensor,  # [T] int64 KV slots (CPU)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The catch-up draft extend through its graph. Returns fresh tensors of each request's

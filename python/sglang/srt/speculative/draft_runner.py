@@ -79,7 +79,7 @@ class DraftRunner:
         """The catch-up draft extend of a drafting step: `forward`, replayed through a CUDA
         graph when one fits. Same arguments and results as `forward`."""
         g = self.extend_graph_runner
-        if g is not None and g.can_run_extend(extend_lens):
+        if g is not None and g.fits(extend_lens):
             return g.extend(
                 input_ids, hidden_states, req_pool_indices, prefix_lens, extend_lens, out_cache_loc
             )
