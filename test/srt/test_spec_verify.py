@@ -147,9 +147,6 @@ def test_verify_greedy_batched_matches_reference(trial: int) -> None:
     out_ids, n_acc = verify_greedy(draft_tokens, torch.tensor(lens), logits)
     out_ids2, n_acc2 = verify_greedy(draft_tokens, torch.tensor(lens, dtype=torch.int32), argmax)
     assert torch.equal(out_ids, out_ids2) and torch.equal(n_acc, n_acc2)
-    # the same lengths given on the host: nothing read back
-    out_ids3, n_acc3 = verify_greedy(draft_tokens, torch.tensor(lens), argmax, host_lens=lens)
-    assert torch.equal(out_ids, out_ids3) and torch.equal(n_acc, n_acc3)
     # the engine's path: indices built on the host, drafts read from the verify input
     verify_ids = torch.full((sum(lens) + bs,), -7, dtype=torch.int64)  # last tokens: unread
     for i, d in enumerate(lens):
@@ -190,10 +187,20 @@ def test_verify_greedy_all_zero_lengths_and_errors() -> None:
         verify_greedy(torch.tensor([1, 2]), torch.tensor([1, 1]), logits)
     with pytest.raises(ValueError):
         verify_greedy(torch.tensor([1]), torch.tensor([2, -1]), torch.zeros(3, dtype=torch.int64))
+    # lengths given on the host (speculative_sample's engine path) are checked the same way
+    p, u = torch.full((2, 3), 1 / 3), torch.full((2,), 0.5)
+
+    def fn(probs: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        return probs.argmax(-1)
+
+    none = torch.zeros(0, dtype=torch.int64)
     with pytest.raises(ValueError, match="host_lens has 1 entries for 2 requests"):
-        verify_greedy(torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0]), logits, [0])
-    with pytest.raises(ValueError, match="expected 2 draft rows"):  # host lens checked too
-        verify_greedy(torch.tensor([1]), torch.tensor([1, 1]), torch.zeros(4), host_lens=[1, 1])
+        speculative_sample(none, torch.tensor([0, 0]), torch.zeros(0, 3), p, u, fn, [0])
+    with pytest.raises(ValueError, match="expected 2 draft rows"):
+        speculative_sample(
+            torch.tensor([1]), torch.tensor([1, 1]), torch.zeros(1, 3), torch.zeros(4, 3),
+            torch.full((4,), 0.5), fn, host_lens=[1, 1],
+        )  # fmt: skip
 
 
 # ------------------------------------------------------------------------ sampling reference

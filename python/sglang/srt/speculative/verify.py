@@ -178,17 +178,15 @@ def verify_greedy(
     draft_tokens: torch.Tensor,
     draft_lens: torch.Tensor,
     target_predict: torch.Tensor,
-    host_lens: list[int] | None = None,
 ) -> VerifyOutput:
-    """Greedy chain verification of a ragged batch (batched `verify_greedy_reference`).
+    """Greedy chain verification of a ragged batch (batched `verify_greedy_reference`; the
+    engine runs verify_greedy_rows, the same rule with its indices built on the host).
 
     Args:
         draft_tokens: [sum d_i] int64.
         draft_lens: [bs] int, d_i >= 0 (0: the output is just the target's argmax).
         target_predict: [sum (d_i + 1)] int64 target argmax ids, or [sum (d_i + 1), V] target
             logits (argmax taken here; ties go to the lowest id, as torch.argmax).
-        host_lens: optional, draft_lens as a host list: the call then never waits for the
-            device (without it, the lengths are read back once).
     Returns:
         VerifyOutput (see the module docstring for the layout).
     Raises:
@@ -196,7 +194,7 @@ def verify_greedy(
     """
     if target_predict.dim() == 2:
         target_predict = torch.argmax(target_predict, dim=-1)  # [sum (d_i + 1)] int64
-    lay = _layout(draft_lens, draft_tokens.numel(), target_predict.shape[0], host_lens)
+    lay = _layout(draft_lens, draft_tokens.numel(), target_predict.shape[0], None)
     width = lay.max_d + 1
     draft = _gather_padded(draft_tokens.long(), lay.draft_starts, lay.lens, width, -1)
     target = _gather_padded(target_predict.long(), lay.target_starts, lay.lens + 1, width, -1)
@@ -286,7 +284,8 @@ def speculative_sample(
         uniforms: [sum (d_i + 1)] float in (0, 1), aligned with p (bonus rows unused).
         sample_fn: (probs [bs, V] float32, steps [bs] int64) -> [bs] int64; steps[i] is
             num_accepted_i, the index of the drawn token within request i's output this step.
-        host_lens: optional, draft_lens as a host list (as in verify_greedy).
+        host_lens: optional, draft_lens as a host list: the call then never waits for the
+            device (without it, the lengths are read back once).
     Returns:
         VerifyOutput (see the module docstring for the layout).
     Raises:
