@@ -261,9 +261,10 @@ class EAGLEWorkerV2:
                 pos,
                 mwb.out_cache_loc[[starts[i] + step - 2 for i in active]],  # one CPU gather
             )
-        flat = picked[0] if len(picked) == 1 else torch.cat(picked)  # step-major
+        flat = picked[0]  # one draft step: step-major is request-major
         if len(picked) > 1:
-            flat = torch.empty_like(flat).index_copy_(0, order_t, flat)
+            step_major = torch.cat(picked)
+            flat = torch.empty_like(step_major).index_copy_(0, order_t, step_major)
         flat_q = [q for i in range(len(d)) for q in q_rows[i]]
         return flat, torch.stack(flat_q) if flat_q else None
 
