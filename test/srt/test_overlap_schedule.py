@@ -97,6 +97,63 @@ def test_resolve_future_ids():
     assert resolve_future_ids(ids, future).tolist() == [5, 33, 7, 11, 0]
 
 
+def test_future_id_flags_match_the_ids(tiny_model_dir):
+    """The builder's has_future_ids / all_future_ids say exactly what input_ids holds (the
+    worker client trusts them instead of scanning the ids): any placeholder, and one token
+    per request that is the placeholder of its own slot. Steady decode takes the gather by
+    slot; requests joining and finishing mix known ids and placeholders; outputs equal the
+    run without overlap."""
+    seen = {"all": 0, "some": 0, "none": 0}
+
+    def jobs(sched):
+        client = sched.worker_client
+        if client is None:
+            return
+        real = client.forward_batch_generation_async
+
+        def check(mwb):
+            ids = mwb.input_ids.tolist()
+            own = [future_placeholder(s) for s in mwb.req_pool_indices]
+            assert mwb.has_future_ids == any(t < 0 for t in ids)
+            assert mwb.all_future_ids == (ids == own)
+            seen["all" if mwb.all_future_ids else "some" if mwb.has_future_ids else "none"] += 1
+            return real(mwb)
+
+        client.forward_batch_generation_async = check
+
+    def steps(sched, outs):  # requests join while others decode
+        for i, p in enumerate(prompts(6, seed=3)):
+            submit(sched, f"r{i}", p, {**GREEDY, "max_new_tokens": 6 + 3 * i})
+            for _ in range(2):
+                sched.step()
+
+    off, on, _ = run_both(tiny_model_dir, jobs, steps)
+    assert_same(off, on)
+    assert seen["all"] > 0 and seen["none"] > 0
+
+
+def test_write_many_device_table_and_mirror():
+    """write_many with a separate device table (the CUDA layout: int32 table + CPU mirror),
+    decode runs and ragged runs, equals writing each run on its own."""
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    pool = ReqToTokenPool(6, 40, "cpu")
+    pool.req_to_token = pool.req_to_token.clone()  # a distinct "device" table
+    ref = torch.zeros(6, 40, dtype=torch.int32)
+    rng = random.Random(0)
+    for step in range(20):
+        slots = rng.sample(range(6), rng.randrange(1, 5))
+        lens = [1] * len(slots) if step % 2 else [rng.randrange(1, 6) for _ in slots]
+        starts = [rng.randrange(0, 40 - n) for n in lens]
+        locs = torch.randint(1, 10_000, (sum(lens),), dtype=torch.int64)
+        pool.write_many(slots, starts, lens, locs)
+        k = 0
+        for s, b, n in zip(slots, starts, lens):
+            ref[s, b : b + n] = locs[k : k + n].to(torch.int32)
+            k += n
+        assert torch.equal(pool.req_to_token, ref) and torch.equal(pool.req_to_token_cpu, ref)
+
+
 # ------------------------------------------------------------------ plain decoding
 def test_greedy_stops_and_lengths_identical(tiny_model_dir, greedy_reference):
     """8 concurrent requests of different lengths; some stop on a token or a string that the
@@ -400,7 +457,12 @@ def test_launch_error_raised_at_resolve(threaded):
     from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
 
     client = TpModelWorkerClient(_FailingWorker(), 4, threaded=threaded)
-    mwb = SimpleNamespace(input_ids=torch.tensor([1, 2]), req_pool_indices=[0, 1])
+    mwb = SimpleNamespace(
+        input_ids=torch.tensor([1, 2]),
+        req_pool_indices=[0, 1],
+        has_future_ids=False,
+        all_future_ids=False,
+    )
     handles = [client.forward_batch_generation_async(mwb) for _ in range(3)]
     assert client.resolve(handles[0]).next_token_ids == []
     with pytest.raises(RuntimeError, match="launch failed"):
@@ -437,7 +499,12 @@ def test_interrupt_during_same_thread_launch_propagates(exc):
     from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
 
     client = TpModelWorkerClient(_InterruptedWorker(exc), 4, threaded=False)
-    mwb = SimpleNamespace(input_ids=torch.tensor([1, 2]), req_pool_indices=[0, 1])
+    mwb = SimpleNamespace(
+        input_ids=torch.tensor([1, 2]),
+        req_pool_indices=[0, 1],
+        has_future_ids=False,
+        all_future_ids=False,
+    )
     first = client.forward_batch_generation_async(mwb)
     with pytest.raises(exc):
         client.forward_batch_generation_async(mwb)
@@ -454,7 +521,12 @@ def test_interrupt_in_worker_thread_launch_reaches_resolve():
     from sglang.srt.managers.tp_worker_overlap_thread import TpModelWorkerClient
 
     client = TpModelWorkerClient(_InterruptedWorker(SystemExit), 4, threaded=True)
-    mwb = SimpleNamespace(input_ids=torch.tensor([1, 2]), req_pool_indices=[0, 1])
+    mwb = SimpleNamespace(
+        input_ids=torch.tensor([1, 2]),
+        req_pool_indices=[0, 1],
+        has_future_ids=False,
+        all_future_ids=False,
+    )
     handles = [client.forward_batch_generation_async(mwb) for _ in range(3)]
     assert client.resolve(handles[0]).next_token_ids == []
     with pytest.raises(SystemExit):

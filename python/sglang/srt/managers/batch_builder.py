@@ -231,11 +231,13 @@ class BatchBuilder:
         slots: list[torch.Tensor] = []
         num_rows: list[int] = []
         targets: list[list[int]] = []
+        num_future = 0  # input ids that are the in-flight token of their request
         for req, final in zip(batch.reqs, batch.is_final_chunk, strict=True):
             start, n = next_kv_start(req), req.extend_input_len
             ids = req.fill_ids_slice(start, start + n)
             if req.inflight_tokens and len(ids) < n and start + len(ids) == req.seqlen:
                 ids.append(future_placeholder(req.req_pool_idx))  # the in-flight token
+                num_future += 1
             input_ids.extend(ids + [0] * (n - len(ids)))  # draft tokens are filled by the worker
             if batch.out_cache_loc is None:
                 slots.append(s.kv.req_slots(req, start, start + n))
@@ -262,6 +264,8 @@ class BatchBuilder:
             sampling_info=info,
             return_logprob=any(r.return_logprob for r in batch.reqs),
             top_logprobs_nums=[r.top_logprobs_num for r in batch.reqs],
+            has_future_ids=num_future > 0,
+            all_future_ids=num_future == len(batch.reqs) == len(input_ids),
         )
         if s.spec is not None:
             mwb.spec = s.spec.build_plan(batch)

@@ -178,6 +178,12 @@ class ModelWorkerBatch:
     return_logprob: bool = False
     top_logprobs_nums: list[int] = field(default_factory=list)  # [bs]
     spec: Any = None  # SpecPlan when speculative decoding is on
+    # Overlap scheduling: input_ids holds future placeholders (future_placeholder(slot), the
+    # tokens of the step in flight); all_future_ids: exactly one token per request, each the
+    # placeholder of its own request slot (a decode step right behind another), which the
+    # worker client resolves with one gather by slot instead of a scan of the ids.
+    has_future_ids: bool = False
+    all_future_ids: bool = False
 
     @property
     def batch_size(self) -> int:

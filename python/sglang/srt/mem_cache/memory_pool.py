@@ -31,6 +31,7 @@ class ReqToTokenPool:
         self.req_to_token_cpu = (
             self.req_to_token if on_cpu else torch.zeros((size, max_context_len), dtype=torch.int32)
         )
+        self._cpu_flat = self.req_to_token_cpu.numpy().reshape(-1)  # [size * width] int32 view
         self.free_slots: list[int] = list(range(size))
 
     def available_size(self) -> int:
@@ -58,29 +59,33 @@ class ReqToTokenPool:
         self, slots: list[int], starts: list[int], lens: list[int], locs: torch.Tensor
     ) -> None:
         """For each i: req_to_token[slots[i], starts[i]:starts[i]+lens[i]] = the i-th run of
-        locs ([sum(lens)] int64, runs in order). One indexed write per table and one
-        asynchronous (pinned) host-to-device copy instead of one write per request: the host
-        does not wait for the device (a pageable copy would). A decode step (every len 1)
-        skips the run expansion."""
+        locs ([sum(lens)] int64 CPU, runs in order). The positions are computed with numpy as
+        flat indices into the table; the CPU mirror is written through its numpy view (no
+        torch call) and the device table with one asynchronous (pinned) copy of [indices |
+        values] and one indexed write: about 7 torch calls per step instead of 17 (every
+        decode step makes one; on the H200 host each small call costs tens of microseconds of
+        a host-bound step)."""
         total = int(locs.numel())
         if total == 0:
             return
+        width = self.max_context_len
         if total == len(slots):  # one token per request (decode)
-            rows = torch.tensor(slots, dtype=torch.int64)
-            cols = torch.tensor(starts, dtype=torch.int64)
+            flat = np.asarray(slots, dtype=np.int64) * width + np.asarray(starts, dtype=np.int64)
         else:
             n = np.asarray(lens, dtype=np.int64)
-            rows_np = np.repeat(np.asarray(slots, dtype=np.int64), n)
+            rows = np.repeat(np.asarray(slots, dtype=np.int64), n)
             offset = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n), n)
-            rows = torch.from_numpy(rows_np)
-            cols = torch.from_numpy(np.arange(total, dtype=np.int64) + offset)
-        vals = locs.to("cpu", torch.int64).view(-1)
+            flat = rows * width + np.arange(total, dtype=np.int64) + offset
+        host = locs if locs.device.type == "cpu" else locs.cpu()
+        vals = host.numpy().reshape(-1).astype(np.int64, copy=False)
         if self.req_to_token_cpu is not self.req_to_token:
-            self.req_to_token_cpu[rows, cols] = vals.to(torch.int32)
-            r, c, v = int64_to_device([rows, cols, vals], self.req_to_token.device)
-            self.req_to_token[r, c] = v.to(torch.int32)
+            self._cpu_flat[flat] = vals
+            (packed,) = int64_to_device(
+                [torch.from_numpy(np.concatenate([flat, vals]))], self.req_to_token.device
+            )
+            self.req_to_token.view(-1)[packed[:total]] = packed[total:].to(torch.int32)
         else:
-            self.req_to_token[rows, cols] = vals.to(torch.int32)
+            self._cpu_flat[flat] = vals
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU."""

@@ -29,6 +29,8 @@ def int64_to_device(
         host.append(t)
     if device.type != "cuda":
         return [t.to(device) for t in host]
+    if len(host) == 1:  # nothing to pack or split
+        return [to_device_async(host[0], device)]
     sizes = [int(t.numel()) for t in host]
     flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
     return list(to_device_async(flat, device).split(sizes))
