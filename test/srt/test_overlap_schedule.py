@@ -148,7 +148,7 @@ def test_write_many_device_table_and_mirror():
         locs = torch.randint(1, 10_000, (sum(lens),), dtype=torch.int64)
         pool.write_many(slots, starts, lens, locs)
         k = 0
-        for s, b, n in zip(slots, starts, lens):
+        for s, b, n in zip(slots, starts, lens, strict=True):
             ref[s, b : b + n] = locs[k : k + n].to(torch.int32)
             k += n
         assert torch.equal(pool.req_to_token, ref) and torch.equal(pool.req_to_token_cpu, ref)
