@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum, auto
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+
+from sglang.srt.utils.h2d import int64_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -71,17 +74,25 @@ class ForwardBatch:
         return int(self.input_ids.shape[0])
 
 
+def positions_and_starts(
+    prefix_lens: list[int], extend_lens: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of every computed token and each request's start offset in the token stream,
+    on the host (numpy: no torch call per step).
+
+    Returns (positions [sum(extend_lens)] int64, extend_start_loc [bs] int64)."""
+    pre = np.asarray(prefix_lens, dtype=np.int64)
+    ext = np.asarray(extend_lens, dtype=np.int64)
+    starts = np.cumsum(ext) - ext
+    positions = np.arange(int(ext.sum()), dtype=np.int64) - np.repeat(starts - pre, ext)
+    return positions, starts
+
+
 def build_positions_and_starts(
     prefix_lens: list[int], extend_lens: list[int], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of every computed token and each request's start offset in the token stream.
-
-    Returns (positions [sum(extend_lens)] int64, extend_start_loc [bs] int64).
-    """
-    pre = torch.tensor(prefix_lens, dtype=torch.int64)
-    ext = torch.tensor(extend_lens, dtype=torch.int64)
-    starts = torch.cumsum(ext, 0) - ext
-    total = int(ext.sum())
-    req_of_token = torch.repeat_interleave(torch.arange(len(ext)), ext)
-    positions = torch.arange(total, dtype=torch.int64) - starts[req_of_token] + pre[req_of_token]
-    return positions.to(device), starts.to(device)
+    """positions_and_starts as int64 tensors on `device` (one host-to-device copy)."""
+    positions, starts = int64_to_device(
+        list(positions_and_starts(prefix_lens, extend_lens)), device
+    )
+    return positions, starts

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
@@ -20,11 +21,12 @@ from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
     ForwardMode,
-    build_positions_and_starts,
+    positions_and_starts,
 )
 from sglang.srt.model_loader import get_model
 from sglang.srt.server_args import ServerArgs, env_flag
 from sglang.srt.server_args_resolve import default_attention_backend
+from sglang.srt.utils.h2d import int64_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -148,30 +150,47 @@ class ModelRunner:
         return self.forward(fb)
 
     def build_forward_batch(self, mwb: ModelWorkerBatch) -> ForwardBatch:
+        """The eager ForwardBatch of mwb: its metadata computed with numpy and moved to the
+        device in one copy (with the ids and KV slots when they are on the host), instead of
+        one small pageable copy per vector."""
         dev = self.device
-        positions, starts = build_positions_and_starts(
-            mwb.extend_prefix_lens, mwb.extend_seq_lens, dev
+        positions, starts = positions_and_starts(mwb.extend_prefix_lens, mwb.extend_seq_lens)
+        ends = starts + np.asarray(mwb.extend_seq_lens, dtype=np.int64)
+        rows = np.asarray(mwb.num_logit_rows, dtype=np.int64)
+        first = np.cumsum(rows) - rows  # each request's first logits row
+        logits_indices = np.arange(int(rows.sum()), dtype=np.int64) + np.repeat(
+            ends - rows - first, rows
         )
-        ends = torch.tensor(mwb.extend_seq_lens, dtype=torch.int64).cumsum(0)
-        rows: list[torch.Tensor] = []
-        for end, n in zip(ends.tolist(), mwb.num_logit_rows, strict=True):
-            rows.append(torch.arange(end - n, end, dtype=torch.int64))
-        logits_indices = torch.cat(rows) if rows else torch.empty(0, dtype=torch.int64)
+        parts = [
+            positions,
+            starts,
+            logits_indices,
+            mwb.req_pool_indices,
+            mwb.seq_lens,
+            mwb.extend_seq_lens,
+            mwb.extend_prefix_lens,
+        ]
+        host = [t for t in (mwb.input_ids, mwb.out_cache_loc) if t.device.type == "cpu"]
+        moved = int64_to_device(parts + host, dev)
+        positions, starts, logits_indices, pools, seq, ext, pre = moved[:7]
+        rest = iter(moved[7:])
+        input_ids = next(rest) if mwb.input_ids.device.type == "cpu" else mwb.input_ids
+        out_cache_loc = next(rest) if mwb.out_cache_loc.device.type == "cpu" else mwb.out_cache_loc
         return ForwardBatch(
             forward_mode=mwb.forward_mode,
             batch_size=mwb.batch_size,
-            input_ids=mwb.input_ids.to(dev, non_blocking=True),
+            input_ids=input_ids.to(dev, torch.int64),
             positions=positions,
-            out_cache_loc=mwb.out_cache_loc.to(dev, non_blocking=True),
-            req_pool_indices=torch.tensor(mwb.req_pool_indices, dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(mwb.seq_lens, dtype=torch.int64, device=dev),
-            extend_seq_lens=torch.tensor(mwb.extend_seq_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor(mwb.extend_prefix_lens, dtype=torch.int64, device=dev),
+            out_cache_loc=out_cache_loc.to(dev, torch.int64),
+            req_pool_indices=pools,
+            seq_lens=seq,
+            extend_seq_lens=ext,
+            extend_prefix_lens=pre,
             extend_start_loc=starts,
             seq_lens_cpu=list(mwb.seq_lens),
             extend_seq_lens_cpu=list(mwb.extend_seq_lens),
             extend_prefix_lens_cpu=list(mwb.extend_prefix_lens),
-            logits_indices=logits_indices.to(dev),
+            logits_indices=logits_indices,
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
             attn_backend=self.attn_backend,

@@ -7,6 +7,7 @@ req_to_token table serve both pools, and the radix cache shares draft KV with ta
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from sglang.srt.layers.attention import create_attention_backend
@@ -14,7 +15,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
-    build_positions_and_starts,
+    positions_and_starts,
 )
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
@@ -123,9 +124,9 @@ class DraftRunner:
         Returns the last row of each request: (logits [bs, draft_vocab] float32, hidden [bs,
         draft_hidden])."""
         dev = self.device
-        positions, starts = build_positions_and_starts(prefix_lens, extend_lens, "cpu")
+        positions, starts = positions_and_starts(prefix_lens, extend_lens)  # numpy
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-        last = starts + torch.tensor(extend_lens, dtype=torch.int64) - 1
+        last = starts + np.asarray(extend_lens, dtype=np.int64) - 1
         loc_on_host = out_cache_loc.device.type == "cpu"
         parts = [positions, starts, last, req_pool_indices, seq_lens, extend_lens, prefix_lens]
         moved = int64_to_device(parts + ([out_cache_loc] if loc_on_host else []), dev)
