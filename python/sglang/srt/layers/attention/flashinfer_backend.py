@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -81,26 +81,44 @@ class PagedLayout:
 
 def paged_layout(seq_lens: list[int], extend_lens: list[int], num_tokens: int) -> PagedLayout:
     """Layout of a step whose request i computes extend_lens[i] of its seq_lens[i] tokens, in a
-    token stream of num_tokens rows (>= sum(extend_lens)). Raises ValueError otherwise."""
+    token stream of num_tokens rows (>= sum(extend_lens)). Raises ValueError otherwise. Built
+    with numpy (torch.from_numpy shares the arrays): every replay of a graph step makes one,
+    and the host is what a small model's decode step waits on."""
     bs = len(seq_lens)
-    extra = num_tokens - sum(extend_lens)
-    if bs == 0 or len(extend_lens) != bs or extra < 0:
+    ext = np.asarray(extend_lens, dtype=np.int32)
+    extra = num_tokens - int(ext.sum())
+    if bs == 0 or len(ext) != bs or extra < 0:
         raise ValueError(
-            f"bad step layout: {bs} requests, {sum(extend_lens)} extend tokens, "
+            f"bad step layout: {bs} requests, {int(ext.sum())} extend tokens, "
             f"{num_tokens} token rows"
         )
-    ext, kv = list(extend_lens), list(seq_lens)
-    ext[-1] += extra
-    kv[-1] += extra
-    kv_indptr = [0, *accumulate(kv)]
+    kv = np.asarray(seq_lens, dtype=np.int32)
+    is_decode = extra == 0 and bool((ext == 1).all())
+    qo_indptr = np.zeros(bs + 1, dtype=np.int32)
+    kv_indptr = np.zeros(bs + 1, dtype=np.int32)
+    np.cumsum(ext, out=qo_indptr[1:])
+    np.cumsum(kv, out=kv_indptr[1:])
+    qo_indptr[-1] += extra
+    kv_indptr[-1] += extra
     return PagedLayout(
-        qo_indptr=torch.tensor([0, *accumulate(ext)], dtype=torch.int32),
-        kv_indptr=torch.tensor(kv_indptr, dtype=torch.int32),
-        last_page_len=torch.ones(bs, dtype=torch.int32),
+        qo_indptr=torch.from_numpy(qo_indptr),
+        kv_indptr=torch.from_numpy(kv_indptr),
+        last_page_len=_ones_int32(bs),
         extra_rows=extra,
-        num_pages=kv_indptr[-1],
-        is_decode=extra == 0 and all(e == 1 for e in extend_lens),
+        num_pages=int(kv_indptr[-1]),
+        is_decode=is_decode,
     )
+
+
+_ONES: dict[int, torch.Tensor] = {}
+
+
+def _ones_int32(n: int) -> torch.Tensor:
+    """[n] int32 ones on the host, one shared tensor per n (read only: FlashInfer copies it)."""
+    t = _ONES.get(n)
+    if t is None:
+        t = _ONES[n] = torch.ones(n, dtype=torch.int32)
+    return t
 
 
 @triton.jit
