@@ -25,6 +25,11 @@
 #                                    # adaptive server: SmolLM2 batch 1, both modes,
 #                                    # torch.profiler over 16 steps (which CUDA calls block),
 #                                    # 8 TTFT rounds with op tables, then py-spy of both
+#   bash scripts/gpu_diagnose.sh X   # a short check after host-cost changes (for the last
+#                                    # minutes of a session): the GPU engine tests of overlap +
+#                                    # graphs (+ speculation), then SmolLM2 batch 1, both modes,
+#                                    # 192 steps and 8 TTFT rounds; results copied to $OUT as
+#                                    # they come (a call cut short keeps what finished)
 #   bash scripts/gpu_diagnose.sh P   # where both servers' processes spend a paired run at
 #                                    # c = P_CONC (default 2): SmolLM2, no_spec and adaptive up
 #                                    # at once, py-spy record (--idle, every thread and
@@ -38,7 +43,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -178,7 +183,15 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     grep -E "round|wrote" "$D/paired_pyspy_$TAG.log" | tail -20
     ls -la "$D"
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q or P)"; exit 2 ;;
+  X)
+    timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
+      test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
+      -q -p no:cacheprovider -x -rf --tb=short > "$D/gpu_validate_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_$TAG.log"; cp "$D/gpu_validate_$TAG.log" "$OUT"/
+    profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
+    cp "$D"/*.json "$OUT"/ 2>/dev/null
+    ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
