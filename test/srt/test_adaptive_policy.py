@@ -532,7 +532,7 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     ctl.time_model = nothing_pays
     calls = []
     choose = ctl.policy.choose
-    ctl.policy.choose = lambda v, f: calls.append(v.size) or choose(v, f)
+    ctl.policy.choose = lambda v, *f: calls.append(v.size) or choose(v, *f)
     reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
             for i in range(6)]  # fmt: skip
     for _ in range(3):
@@ -562,7 +562,7 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     one = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=8)
     one.time_model, n = nothing_pays, []
     inner = one.policy.choose
-    one.policy.choose = lambda v, f: n.append(1) or inner(v, f)
+    one.policy.choose = lambda v, *f: n.append(1) or inner(v, *f)
     for _ in range(3):
         one.choose(reqs[:4], [K] * 4)
     assert len(n) == 3
@@ -819,6 +819,53 @@ def test_nothing_can_pay_bound_is_safe_and_used_under_load():
     rows, js = np.nonzero(np.ones((256, K), dtype=bool))
     g = np.cumprod(big.alphas, axis=1)[rows, js]
     assert GoodputPolicy._nothing_can_pay(big, HEAVY.predict, g, rows, js)
+
+
+def test_bound_model_only_rules_drafting_out():
+    """choose(view, time_fn, bound_fn): the bound check reads bound_fn, every allocation that
+    may draft is scored with time_fn. A bound under which nothing pays gives zeros even where
+    time_fn would draft; a bound that lets drafting through gives time_fn's own choice."""
+    never = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # drafting never pays
+    for alphas in ([0.9], [0.8] * 4, [0.95, 0.3, 0.9, 0.5]):
+        v = view(alphas)
+        drafts = GoodputPolicy().choose(v, LIGHT.predict)
+        assert drafts.sum() > 0
+        assert GoodputPolicy().choose(v, LIGHT.predict, never.predict).tolist() == [0] * len(alphas)
+        cheap = synthetic(const=1.0, verify_tokens=1e-9)  # drafting always passes the bound
+        assert GoodputPolicy().choose(v, LIGHT.predict, cheap.predict).tolist() == drafts.tolist()
+    # hysteresis against a previous drafting choice is scored with time_fn, not the bound
+    v = view([0.9], prev=[K])
+    assert GoodputPolicy().choose(v, LIGHT.predict, never.predict).tolist() == [K]
+
+
+def test_controller_bound_check_does_not_resolve_the_model():
+    """Under load (the bound rules drafting out) a policy run reads the step-time model's last
+    solve: the plain-step measurements buffered since stay buffered (no fold, no re-solve).
+    When the bound lets drafting through, the model is solved before the allocation is
+    scored, as before."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    ctl = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=300)
+    heavy = {**ZERO, "const": 2e-3, "verify_tokens": 1e-4, "draft_steps": 2e-4, "spec_on": 3e-4}
+    ctl.time_model = StepTimeModel(heavy)  # online: learns from observe()
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+            for i in range(256)]  # fmt: skip
+    for step in range(5):
+        ctl.observe(reqs, [0] * 256, [0] * 256, 0.03, step)
+    model = ctl.time_model
+    buffered = len(model._rows)
+    assert buffered == 5
+    assert ctl.choose(reqs, [K] * 256) == [0] * 256
+    assert len(model._rows) == buffered  # the bound read the last solve
+    light = {**ZERO, "const": 1e-2, "verify_tokens": 1e-4, "draft_steps": 2e-4, "spec_on": 3e-4}
+    ctl.time_model = model = StepTimeModel(light)
+    for step in range(5, 8):
+        ctl.observe(reqs[:1], [0], [0], 0.01, step)
+    assert len(model._rows) == 3
+    assert ctl.choose(reqs[:1], [K]) != [0]  # drafting passes the bound: scored fresh
+    assert len(model._rows) == 0 and not model._dirty
 
 
 def test_prev_draft_lens_follow_every_observed_step():

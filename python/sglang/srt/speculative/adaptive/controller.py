@@ -139,7 +139,11 @@ class AdaptiveController:
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )
-        chosen = self.policy.choose(view, self.time_fn).tolist()
+        if self.policy.name == "goodput":  # its bound check reads the last solve
+            chosen = self.policy.choose(view, self.time_fn, self.time_model.predict_last_solve)
+        else:
+            chosen = self.policy.choose(view, self.time_fn)
+        chosen = chosen.tolist()
         if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
             self._zero_window = self.cfg.recheck_every
         if any(chosen):

@@ -75,14 +75,25 @@ class GoodputPolicy:
         self.hysteresis = hysteresis
         self.last_predicted_rate = 0.0  # tokens/s of the returned allocation
 
-    def choose(self, view: BatchView, time_fn: TimeFn) -> np.ndarray:
-        """[n] int64 draft lengths, 0 <= d_r <= caps[r]."""
-        best = self.best_allocation(view, time_fn)
+    def choose(
+        self, view: BatchView, time_fn: TimeFn, bound_fn: TimeFn | None = None
+    ) -> np.ndarray:
+        """[n] int64 draft lengths, 0 <= d_r <= caps[r].
+
+        bound_fn (default time_fn): the step-time model for the bound check that rules
+        drafting out (_nothing_can_pay) and for the rate reported with an all-zero choice.
+        The controller passes its model with the coefficients of the last solve: a check that
+        rules drafting out, the common case under load, then costs no re-solve of the model
+        (60% of the policy's host time in the tenth session's py-spy of a server at c = 2),
+        and a choice it rules out is seen at most one solve late (every SOLVE_EVERY updates,
+        or at the next fresh read). Any allocation that may draft is scored with time_fn."""
+        bound = time_fn if bound_fn is None else bound_fn
+        best = self.best_allocation(view, time_fn, bound)
         keep = np.where(view.prev >= 0, np.minimum(view.prev, view.caps), best)
-        rate_best = self.rate(view, best, time_fn)
         if np.array_equal(keep, best):
-            self.last_predicted_rate = rate_best
+            self.last_predicted_rate = self.rate(view, best, time_fn if best.any() else bound)
             return best
+        rate_best = self.rate(view, best, time_fn)
         rate_keep = self.rate(view, keep, time_fn)
         if rate_best > rate_keep * (1.0 + self.hysteresis):
             self.last_predicted_rate = rate_best
@@ -98,7 +109,9 @@ class GoodputPolicy:
         return expected_batch_tokens(view.alphas, d) / t
 
     @staticmethod
-    def best_allocation(view: BatchView, time_fn: TimeFn) -> np.ndarray:
+    def best_allocation(
+        view: BatchView, time_fn: TimeFn, bound_fn: TimeFn | None = None
+    ) -> np.ndarray:
         """The best prefix, over every depth limit L = 1..K (d_r <= L; a step costs max(d_r)
         draft forwards, which an order by expected tokens alone does not see), of two orders of
         the draft tokens, or all zeros:
@@ -109,6 +122,7 @@ class GoodputPolicy:
           together), which concentrates them: with a per-drafting-request cost (draft_reqs)
           one request drafting three tokens can beat three requests drafting one each.
 
+        bound_fn (default time_fn) is the model of the check that rules drafting out.
         Returns [n] int64."""
         n, k = view.alphas.shape
         gains = np.cumprod(view.alphas, axis=1)  # [n, K] expected tokens added by draft j
@@ -116,7 +130,8 @@ class GoodputPolicy:
         rows, js = np.nonzero(valid)  # row-major: j ascending within a request
         if len(rows) == 0:
             return np.zeros(n, dtype=np.int64)
-        if GoodputPolicy._nothing_can_pay(view, time_fn, gains[rows, js], rows, js):
+        bound = time_fn if bound_fn is None else bound_fn
+        if GoodputPolicy._nothing_can_pay(view, bound, gains[rows, js], rows, js):
             return np.zeros(n, dtype=np.int64)
         greedy = np.argsort(-gains[rows, js], kind="stable")
         by_request = np.argsort(-gains[rows, 0], kind="stable")  # keeps j ascending

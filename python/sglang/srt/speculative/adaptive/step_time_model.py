@@ -150,6 +150,12 @@ class StepTimeModel:
         t = np.maximum((x / _SCALES) @ self.theta, 1e-6)
         return float(t) if t.ndim == 0 else t
 
+    def predict_last_solve(self, x: np.ndarray) -> np.ndarray | float:
+        """predict with the coefficients of the last solve (no fold, no re-solve): at most
+        SOLVE_EVERY buffered updates behind predict."""
+        t = np.maximum((x / _SCALES) @ self.theta, 1e-6)
+        return float(t) if t.ndim == 0 else t
+
     def predict_unsolved(self, x: np.ndarray) -> float:
         """predict for one step [F] with the coefficients of the last solve (no re-solve:
         for reporting on steps where the policy does not run)."""
