@@ -85,6 +85,62 @@ def test_paged_layout_gives_unassigned_rows_to_the_last_request():
         paged_layout([5, 1], [1, 1], num_tokens=1)
 
 
+def test_paged_layout_equals_the_list_reference_on_random_steps():
+    """paged_layout (numpy, a shared ones tensor) equals the plain-list construction it
+    replaced on random steps (decode, ragged prefill, extra rows, zero-length requests, bad
+    layouts), and layouts share nothing a caller could write through: each call's indptrs are
+    its own, and the shared last_page_len stays all ones."""
+    import random
+    from itertools import accumulate
+
+    def reference(seq_lens, extend_lens, num_tokens):
+        bs, extra = len(seq_lens), num_tokens - sum(extend_lens)
+        if bs == 0 or len(extend_lens) != bs or extra < 0:
+            return None
+        ext, kv = list(extend_lens), list(seq_lens)
+        ext[-1] += extra
+        kv[-1] += extra
+        return (
+            [0, *accumulate(ext)],
+            [0, *accumulate(kv)],
+            extra,
+            sum(kv),
+            extra == 0 and all(e == 1 for e in extend_lens),
+        )
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        bs = rng.choice([0, 1, 2, 3, 7, 33])
+        seq = [rng.randrange(0, 5000) for _ in range(bs)]
+        ext = [rng.choice([0, 1, 1, 1, 2, 9, 300]) for _ in range(bs)]
+        if bs and rng.random() < 0.05:
+            ext = ext[:-1]
+        n = sum(ext) + rng.choice([0, 0, 0, 1, 5, -1])
+        want = reference(seq, ext, n)
+        if want is None:
+            with pytest.raises(ValueError, match="bad step layout"):
+                paged_layout(seq, ext, n)
+            continue
+        lay = paged_layout(seq, ext, n)
+        got = (
+            lay.qo_indptr.tolist(),
+            lay.kv_indptr.tolist(),
+            lay.extra_rows,
+            lay.num_pages,
+            lay.is_decode,
+        )
+        assert got == want
+        assert type(lay.num_pages) is int and type(lay.is_decode) is bool
+        for t in (lay.qo_indptr, lay.kv_indptr, lay.last_page_len):
+            assert t.dtype == torch.int32 and t.device.type == "cpu" and t.is_contiguous()
+        assert lay.last_page_len.tolist() == [1] * bs
+    a = paged_layout([4, 6], [1, 1], 2)
+    b = paged_layout([4, 6], [1, 1], 2)
+    a.qo_indptr[1] = 99
+    a.kv_indptr[1] = 99
+    assert b.qo_indptr.tolist() == [0, 1, 2] and b.kv_indptr.tolist() == [0, 4, 10]
+
+
 def test_fill_kv_indices_gathers_page_lists_and_pads_with_slot_zero():
     torch.manual_seed(0)
     r2t = torch.randint(1, 10_000, (6, 1100), dtype=torch.int32, device=DEVICE)
