@@ -152,6 +152,10 @@ def test_write_many_device_table_and_mirror():
             ref[s, b : b + n] = locs[k : k + n].to(torch.int32)
             k += n
         assert torch.equal(pool.req_to_token, ref) and torch.equal(pool.req_to_token_cpu, ref)
+    for slots, starts, lens in (([0], [40], [1]), ([1, 2], [38, 0], [3, 1]), ([3], [-1], [1])):
+        with pytest.raises(IndexError, match="outside rows of 40"):  # would wrap into a row
+            pool.write_many(slots, starts, lens, torch.full((sum(lens),), 9, dtype=torch.int64))
+    assert torch.equal(pool.req_to_token, ref) and torch.equal(pool.req_to_token_cpu, ref)
 
 
 # ------------------------------------------------------------------ plain decoding

@@ -59,7 +59,8 @@ class ReqToTokenPool:
         self, slots: list[int], starts: list[int], lens: list[int], locs: torch.Tensor
     ) -> None:
         """For each i: req_to_token[slots[i], starts[i]:starts[i]+lens[i]] = the i-th run of
-        locs ([sum(lens)] int64 CPU, runs in order). The positions are computed with numpy as
+        locs ([sum(lens)] int64 CPU, runs in order). Raises IndexError for a run outside a
+        row (as indexing the 2-D table would). The positions are computed with numpy as
         flat indices into the table; the CPU mirror is written through its numpy view (no
         torch call) and the device table with one asynchronous (pinned) copy of [indices |
         values] and one indexed write: about 7 torch calls per step instead of 17 (every
@@ -69,20 +70,22 @@ class ReqToTokenPool:
         if total == 0:
             return
         width = self.max_context_len
+        first = np.asarray(starts, dtype=np.int64)
         if total == len(slots):  # one token per request (decode)
-            flat = np.asarray(slots, dtype=np.int64) * width + np.asarray(starts, dtype=np.int64)
+            rows, cols, last = np.asarray(slots, dtype=np.int64), first, first
         else:
             n = np.asarray(lens, dtype=np.int64)
             rows = np.repeat(np.asarray(slots, dtype=np.int64), n)
-            offset = np.repeat(np.asarray(starts, dtype=np.int64) - (np.cumsum(n) - n), n)
-            flat = rows * width + np.arange(total, dtype=np.int64) + offset
+            cols = np.arange(total, dtype=np.int64) + np.repeat(first - (np.cumsum(n) - n), n)
+            last = first + n - 1
+        if int(last.max()) >= width or int(first.min()) < 0:  # a flat index would wrap a row
+            raise IndexError(f"req_to_token write outside rows of {width} tokens: {starts}")
+        flat = rows * width + cols
         host = locs if locs.device.type == "cpu" else locs.cpu()
         vals = host.numpy().reshape(-1).astype(np.int64, copy=False)
         if self.req_to_token_cpu is not self.req_to_token:
             self._cpu_flat[flat] = vals
-            (packed,) = int64_to_device(
-                [torch.from_numpy(np.concatenate([flat, vals]))], self.req_to_token.device
-            )
+            (packed,) = int64_to_device([np.concatenate([flat, vals])], self.req_to_token.device)
             self.req_to_token.view(-1)[packed[:total]] = packed[total:].to(torch.int32)
         else:
             self._cpu_flat[flat] = vals

@@ -29,7 +29,10 @@ def int64_to_device(
         host.append(t)
     if device.type != "cuda":
         return [t.to(device) for t in host]
-    if len(host) == 1:  # nothing to pack or split
+    if len(host) == 1 and not isinstance(parts[0], torch.Tensor):
+        # nothing to pack or split; a list or array gives a fresh unpinned tensor, which
+        # pin_memory copies (a pinned caller tensor would be copied from asynchronously
+        # in place, so tensors take the packing path, which copies them first)
         return [to_device_async(host[0], device)]
     sizes = [int(t.numel()) for t in host]
     flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
