@@ -10,6 +10,10 @@ Recognised files (by content):
   <stem>.md.
 - vs-HF (benchmark/bench_vs_hf.py): <stem>.png grouped bars of decode tok/s per batch size
   (log scale, speedups annotated), <stem>.md.
+- paired (benchmark/paired_serving.py): <stem>.png with output tok/s and median ITL per
+  configuration (median over rounds, min-max bars) and each configuration's paired ratio to
+  the first one with issue 7's 0.97 / 0.98 goal lines; the run's own <stem>.md gets a link to
+  the plot.
 Needs matplotlib (not on the GPU machine: run this here on the fetched JSON).
 """
 
@@ -143,6 +147,74 @@ def sweep_report(res: dict, stem: str) -> list[str]:
     return _write(stem, md)
 
 
+# ---- paired ---------------------------------------------------------------------------------
+def paired_report(res: dict, stem: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = res["summary"]
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    conc = sorted({r["concurrency"] for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    for name in names:
+        mine = sorted((r for r in rows if r["config"] == name), key=lambda r: r["concurrency"])
+        xs = [r["concurrency"] for r in mine]
+        med = [r["output_tok_s_median"] for r in mine]
+        err = [
+            [m - r["output_tok_s_min"] for m, r in zip(med, mine, strict=True)],
+            [r["output_tok_s_max"] - m for m, r in zip(med, mine, strict=True)],
+        ]
+        axes[0].errorbar(xs, med, yerr=err, marker="o", capsize=3, label=name)
+        axes[1].plot(xs, [r["median_itl_ms"] for r in mine], marker="o", label=name)
+        ratio = [r for r in mine if r.get("ratio_to_base_median") is not None]
+        if ratio:
+            rm = [r["ratio_to_base_median"] for r in ratio]
+            rerr = [
+                [m - r["ratio_to_base_min"] for m, r in zip(rm, ratio, strict=True)],
+                [r["ratio_to_base_max"] - m for m, r in zip(rm, ratio, strict=True)],
+            ]
+            axes[2].errorbar(
+                [r["concurrency"] for r in ratio], rm, yerr=rerr, marker="o", capsize=3,
+                label=f"{name} / {names[0]}",
+            )  # fmt: skip
+    axes[2].axhline(0.97, color="gray", linestyle="--", label="0.97 goal")
+    axes[2].axhline(0.98, color="gray", linestyle=":", label="0.98 goal")
+    axes[2].axhline(1.0, color="black", linewidth=0.5)
+    titles = (
+        "output tokens/s (median, min-max over rounds)",
+        "median ITL (ms, median over rounds)",
+        "paired ratio (same round; median, min-max)",
+    )
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(conc, [str(x) for x in conc])
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0].set_yscale("log")
+    settings = res.get("settings", {})
+    fig.suptitle(
+        f"paired_serving {settings.get('preset')}, {settings.get('rounds')} rounds "
+        f"({res.get('meta', {}).get('gpu', '')})"
+    )
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=110)
+    plt.close(fig)
+    out = [stem + ".png"]
+    link = f"![paired]({os.path.basename(stem)}.png)"
+    if os.path.exists(stem + ".md"):
+        with open(stem + ".md", encoding="utf-8") as f:
+            text = f.read()
+        if link not in text:
+            with open(stem + ".md", "a", encoding="utf-8") as f:
+                f.write(f"\n{link}\n")
+        out.append(stem + ".md")
+    return out
+
+
 # ---- roofline -------------------------------------------------------------------------------
 def roofline_report(res: dict, stem: str) -> list[str]:
     import matplotlib
@@ -261,13 +333,15 @@ def report(path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         res = json.load(f)
     stem = os.path.splitext(path)[0]
+    if "summary" in res and "points" in res:
+        return paired_report(res, stem)
     if "configs" in res:
         return sweep_report(res, stem)
     if "rows" in res and any("sglang" in r or "hf_static" in r for r in res["rows"]):
         return vs_hf_report(res, stem)
     if "runs" in res or "bandwidth" in res:
         return roofline_report(res, stem)
-    raise ValueError(f"{path}: not a sweep, roofline or vs-HF result")
+    raise ValueError(f"{path}: not a sweep, paired, roofline or vs-HF result")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,3 +123,35 @@ def test_bad_arguments_stop_before_any_server(argv, why, tmp_path):
     with pytest.raises(SystemExit, match=why):
         main(["--preset", "smollm2", "--result-file", str(out), *argv])
     assert not out.exists()
+
+
+def test_plot_results_draws_a_paired_run_and_links_it_once(tmp_path):
+    """plot_results.py recognises a paired result: it writes the PNG and appends its link to
+    the run's markdown once (a second run does not repeat it), leaving the table as it was."""
+    pytest.importorskip("matplotlib")
+    from plot_results import report
+
+    pts = [
+        _point(c, r, name, t * c)
+        for c in (1, 4)
+        for r in range(3)
+        for name, t in (("no_spec", 100.0 + r), ("adaptive", 95.0 + 2 * r))
+    ]
+    res = {
+        "meta": {"command": "python benchmark/paired_serving.py"},
+        "settings": {"preset": "tiny", "rounds": 3},
+        "configs": [{"name": "no_spec"}, {"name": "adaptive"}],
+        "points": pts,
+        "summary": summarize(pts, ["no_spec", "adaptive"]),
+    }
+    path = tmp_path / "paired_tiny.json"
+    path.write_text(__import__("json").dumps(res))
+    table = "| c | config |\n"
+    (tmp_path / "paired_tiny.md").write_text(table)
+    written = report(str(path))
+    assert written == [str(tmp_path / "paired_tiny.png"), str(tmp_path / "paired_tiny.md")]
+    png = (tmp_path / "paired_tiny.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    report(str(path))
+    md = (tmp_path / "paired_tiny.md").read_text()
+    assert md.startswith(table) and md.count("![paired](paired_tiny.png)") == 1
