@@ -23,25 +23,30 @@ import torch
 from sglang.srt.managers.schedule_batch import GenerationBatchResult
 
 
-def begin_step(device: torch.device) -> tuple[float, torch.cuda.Event | None]:
+def begin_step(device: torch.device, timed: bool = True) -> tuple[float, torch.cuda.Event | None]:
     """Mark the start of a launched step: (perf_counter, timing event recorded on the current
-    stream on CUDA, else None). Pass it to PendingResult.from_device_ids."""
+    stream on CUDA when `timed`, else None). Pass it to PendingResult.from_device_ids. Only the
+    adaptive speculation policy reads a step's device time (forward_time_s); a worker whose
+    steps nobody times passes timed=False and saves two CUDA calls per step (its
+    forward_time_s is then the wall time from launch to finish)."""
     start = None
-    if device.type == "cuda":
+    if timed and device.type == "cuda":
         start = torch.cuda.Event(enable_timing=True)
         start.record()
     return time.perf_counter(), start
 
 
-def copy_to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Start copying t (any device) to pinned host memory. Returns (host tensor, timing event
-    recorded after the copy on the current stream); read the host tensor only after
-    event.synchronize(). On the CPU: (t, None)."""
+def copy_to_host_async(
+    t: torch.Tensor, timed: bool = True
+) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying t (any device) to pinned host memory. Returns (host tensor, event recorded
+    after the copy on the current stream, a timing event when `timed`); read the host tensor
+    only after event.synchronize(). On the CPU: (t, None)."""
     if t.device.type != "cuda":
         return t, None
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event(enable_timing=True)
+    event = torch.cuda.Event(enable_timing=timed)
     event.record()
     return host, event
 
@@ -87,8 +92,8 @@ class PendingResult:
         """A step whose sampled ids ([len(rows)] int64, device) are queued: start their copy
         to the host; finish() calls to_result(ids as a host list). began: begin_step()'s
         value, taken before the step's kernels were queued."""
-        host, end = copy_to_host_async(ids)
         launched_at, start = began
+        host, end = copy_to_host_async(ids, timed=start is not None)
         return cls(lambda: to_result(host.tolist()), rows, ids, start, end, launched_at)
 
     @classmethod

@@ -78,7 +78,7 @@ class TpModelWorker:
         read logprobs back run synchronously (their host work needs the values)."""
         if mwb.return_logprob:
             return PendingResult.done(self.forward_batch_generation(mwb))
-        began = begin_step(self.device)
+        began = begin_step(self.device, timed=False)  # nobody reads a plain step's device time
         logits = self.model_runner.forward_worker_batch(mwb).next_token_logits  # [rows, V] f32
         rows, ids = self.sample_launch(mwb, logits)
         bs = mwb.batch_size
