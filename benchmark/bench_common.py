@@ -179,3 +179,21 @@ def measure_copy_bandwidth(n_bytes: int, device: str, iters: int = 10) -> dict[s
         "seconds": seconds,
         "bandwidth_gb_s": 2 * n_bytes * iters / seconds / 1e9,
     }
+
+
+def plain_and_adaptive_no_drafts(draft: str, k: int = 3) -> dict[str, dict]:
+    """Scheduler kwargs of the two CPU host-cost configurations: `plain` (no speculation) and
+    `adaptive_no_drafts` (EAGLE-3 with `draft`, K = k, --speculative-adaptive under a fixed
+    step-time model where drafting never pays: every step is a plain decode, the common case
+    under load)."""
+    never = {"time_model": {"verify_tokens": 1.0}, "online_correction": False}
+    return {
+        "plain": {},
+        "adaptive_no_drafts": dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=k,
+            speculative_adaptive=True,
+            speculative_adaptive_config=json.dumps(never),
+        ),
+    }

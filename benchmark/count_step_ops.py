@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 import torch
-from bench_common import append_run, git_commit_of_cwd
+from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PHASES = [
@@ -100,19 +100,19 @@ def instrument(sched, counter: OpCounter) -> None:
 
         setattr(obj, name, phased)
 
-    def as_one_call(obj, name: str) -> None:
+    def as_one_call(obj, name: str, label: str = "model") -> None:
         f = getattr(obj, name)
 
-        def model(*a, _f=f, **k):
+        def one_call(*a, _f=f, **k):
             if counter.on and not counter.paused:
-                counter.counts[(counter.phase[-1], "model")] += 1
+                counter.counts[(counter.phase[-1], label)] += 1
             counter.paused += 1
             try:
                 return _f(*a, **k)
             finally:
                 counter.paused -= 1
 
-        setattr(obj, name, model)
+        setattr(obj, name, one_call)
 
     worker = sched.tp_worker
     runner = worker.model_runner
@@ -124,19 +124,7 @@ def instrument(sched, counter: OpCounter) -> None:
         as_one_call(draft.model, "forward")
     # The eager padded path plans attention with the CPU backend's own metadata; a CUDA
     # server plans FlashInfer / Triton there instead (another cost): one call, `attn_plan`.
-    backend = runner.attn_backend
-    f = backend.init_forward_metadata
-
-    def plan(*a, _f=f, **k):
-        if counter.on and not counter.paused:
-            counter.counts[(counter.phase[-1], "attn_plan")] += 1
-        counter.paused += 1
-        try:
-            return _f(*a, **k)
-        finally:
-            counter.paused -= 1
-
-    backend.init_forward_metadata = plan
+    as_one_call(runner.attn_backend, "init_forward_metadata", "attn_plan")
 
 
 def graph_path(sched, sizes: list[int]) -> None:
@@ -158,17 +146,7 @@ def graph_path(sched, sizes: list[int]) -> None:
 def count(model: str, draft: str, bs: int, steps: int, where: bool = False) -> dict:
     from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 
-    never = {"time_model": {"verify_tokens": 1.0}, "online_correction": False}
-    cfgs = {
-        "plain": {},
-        "adaptive_no_drafts": dict(
-            speculative_algorithm="EAGLE3",
-            speculative_draft_model_path=draft,
-            speculative_num_steps=3,
-            speculative_adaptive=True,
-            speculative_adaptive_config=json.dumps(never),
-        ),
-    }
+    cfgs = plain_and_adaptive_no_drafts(draft)
     params = {"max_new_tokens": steps + 16, "temperature": 0, "ignore_eos": True}
     out = {}
     for name, kw in cfgs.items():

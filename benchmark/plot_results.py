@@ -50,6 +50,16 @@ def _meta_md(res: dict, title: str) -> str:
     return out + "; ".join(b for b in bits if not b.endswith(": None")) + "\n\n"
 
 
+def _concurrency_axes(axes, conc: list[int], titles) -> None:
+    """Log2 concurrency x axes with one tick per measured concurrency, titles and a grid."""
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(conc, [str(x) for x in conc])
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+
+
 # ---- sweep ----------------------------------------------------------------------------------
 def _metric(cfg: dict, key: str) -> dict[int, float]:
     return {
@@ -79,13 +89,9 @@ def sweep_report(res: dict, stem: str) -> list[str]:
         ):
             xs = sorted(data)
             ax.plot(xs, [data[x] for x in xs], marker="o", label=name)
-    titles = ("output tokens/s", "median ITL (ms)", "output tokens/s / no_spec")
-    for ax, title in zip(axes, titles, strict=True):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(conc, [str(x) for x in conc])
-        ax.set_xlabel("concurrency")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
+    _concurrency_axes(
+        axes, conc, ("output tokens/s", "median ITL (ms)", "output tokens/s / no_spec")
+    )
     axes[0].set_yscale("log")
     axes[0].legend()
     fig.suptitle(f"sweep_serving {res['settings'].get('preset')} ({res['meta'].get('gpu', '')})")
@@ -187,12 +193,8 @@ def paired_report(res: dict, stem: str) -> list[str]:
         "median ITL (ms, median over rounds)",
         "paired ratio (same round; median, min-max)",
     )
-    for ax, title in zip(axes, titles, strict=True):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(conc, [str(x) for x in conc])
-        ax.set_xlabel("concurrency")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
+    _concurrency_axes(axes, conc, titles)
+    for ax in axes:
         ax.legend()
     axes[0].set_yscale("log")
     settings = res.get("settings", {})

@@ -28,7 +28,7 @@ import timeit
 
 import numpy as np
 import torch
-from bench_common import append_run, git_commit_of_cwd
+from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
 
 
 def policy_ms() -> dict:
@@ -89,17 +89,7 @@ def scheduler_ms(bs: int, staggered: bool = False) -> dict:
     d = tempfile.mkdtemp()
     model = make_tiny_model_dir(d + "/m")
     draft = make_tiny_eagle3_dir(d + "/e", model)
-    never = {"time_model": {"verify_tokens": 1.0}, "online_correction": False}
-    cfgs = {
-        "plain": {},
-        "adaptive_no_drafts": dict(
-            speculative_algorithm="EAGLE3",
-            speculative_draft_model_path=draft,
-            speculative_num_steps=3,
-            speculative_adaptive=True,
-            speculative_adaptive_config=json.dumps(never),
-        ),
-    }
+    cfgs = plain_and_adaptive_no_drafts(draft)
     params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
     out = {}
     for name, kw in cfgs.items():
