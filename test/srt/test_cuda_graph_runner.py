@@ -127,6 +127,44 @@ def check_padded_equals_eager(runner, graphs: CudaGraphRunner, mode: CaptureHidd
             assert torch.equal(on_dev.next_token_logits, padded.next_token_logits)
 
 
+def test_decode_fill_writes_what_the_ragged_fill_writes(tiny_model_dir):
+    """The decode shortcut of _fill (one token per request) stages the same packed buffer and
+    the same host lists as the general (ragged) fill, padded requests included, with ids on
+    the host or left to a device copy."""
+    sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=4096)
+    runner = sched.tp_worker.model_runner
+    graphs = CudaGraphRunner(
+        runner, CaptureHiddenMode.NULL, max_extend_len=3, batch_sizes=[1, 2, 4, 8], use_graphs=False
+    )
+    rng = torch.Generator().manual_seed(3)
+    for bs in (1, 2, 3, 5, 8):
+        key = graphs.pick(bs, bs)
+        assert key.num_tokens == key.bs >= bs
+        pools = torch.randperm(16, generator=rng)[:bs].tolist()
+        seq = torch.randint(1, 900, (bs,), generator=rng).tolist()
+        ids = torch.randint(0, 500, (bs,), generator=rng)
+        loc = torch.randint(1, 4000, (bs,), generator=rng)
+        got = []
+        for fill in (graphs._fill_decode, graphs._fill_ragged):
+            graphs.inputs.hosts[graphs.inputs.turn ^ 1].fill_(-7)  # the buffer fill will stage
+            args = (key, pools, seq, [1] * bs, ids, loc)
+            fb = fill(*args[:3], *args[4:]) if fill == graphs._fill_decode else fill(*args)
+            lists = (fb.seq_lens_cpu, fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu)
+            got.append((graphs.inputs.hosts[graphs.inputs.turn].clone(), lists))
+        assert _same_fields(graphs, key, got)
+        assert got[0][1] == got[1][1]
+
+
+def _same_fields(graphs, key, got) -> bool:
+    """The packed buffers agree on every field's entries that the key's graph reads."""
+    inp = graphs.inputs
+    for k, count in enumerate([key.bs] * 5 + [key.num_tokens] * 3):
+        a, b = (inp.region(g[0], k, count) for g in got)
+        if not torch.equal(a, b):
+            return False
+    return True
+
+
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
 def test_padded_static_batch_equals_eager_cpu(tiny_model_dir, mode):
     sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)

@@ -138,6 +138,7 @@ class CudaGraphRunner:
         self.keys = [GraphKey(b, b * (1 + k)) for b in batch_sizes for k in range(max_extend_len)]
         self.inputs = _StaticInputs(self.max_bs, self.max_tokens, self.device)
         self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
+        self._arange = np.arange(self.max_tokens, dtype=np.int64)  # host request starts
         if use_graphs:
             self.backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
@@ -223,6 +224,22 @@ class CudaGraphRunner:
         its *_cpu lists set to the padded values. input_ids: [t] int64 on the host or on the
         device (then copied device-to-device after the packed upload); out_cache_loc: [t]
         int64 on the host."""
+        if key.num_tokens == key.bs:  # decode: every request and pad computes one token
+            return self._fill_decode(key, req_pool_indices, seq_lens, input_ids, out_cache_loc)
+        return self._fill_ragged(
+            key, req_pool_indices, seq_lens, extend_lens, input_ids, out_cache_loc
+        )
+
+    def _fill_ragged(
+        self,
+        key: GraphKey,
+        req_pool_indices: list[int],
+        seq_lens: list[int],
+        extend_lens: list[int],
+        input_ids: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> ForwardBatch:
+        """_fill for any key (requests computing extend_lens[i] >= 1 tokens each)."""
         inp, h = self.inputs, self.inputs.stage()
         b, n, bs, t = key.bs, key.num_tokens, len(seq_lens), int(input_ids.numel())
         pad = b - bs
@@ -254,6 +271,46 @@ class CudaGraphRunner:
             fb.input_ids[:t].copy_(input_ids, non_blocking=True)
         fb.seq_lens_cpu = seq.tolist()
         fb.extend_seq_lens_cpu = ext.tolist()
+        fb.extend_prefix_lens_cpu = pre.tolist()
+        return fb
+
+    def _fill_decode(
+        self,
+        key: GraphKey,
+        req_pool_indices: list[int],
+        seq_lens: list[int],
+        input_ids: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> ForwardBatch:
+        """_fill for a decode key (one token per request): the same buffer contents, written
+        with a few slice assignments (every decode step of a CUDA server runs this, and its
+        host time is what a small model's step waits on)."""
+        inp, h = self.inputs, self.inputs.stage()
+        b, bs, B, N = key.bs, len(seq_lens), inp.B, inp.N
+        seq = np.ones(b, dtype=np.int64)
+        seq[:bs] = seq_lens
+        pre = seq - 1
+        h[0:bs] = req_pool_indices
+        h[bs:b] = 0
+        h[B : B + b] = seq
+        h[2 * B : 2 * B + b] = 1
+        h[3 * B : 3 * B + b] = pre
+        h[4 * B : 4 * B + b] = self._arange[:b]
+        ids = 5 * B
+        on_host = input_ids.device.type == "cpu"
+        if on_host:
+            h[ids : ids + bs] = input_ids.numpy()
+        h[ids + bs : ids + b] = 0
+        h[ids + N : ids + N + b] = pre  # positions
+        loc = ids + 2 * N
+        h[loc : loc + bs] = out_cache_loc.numpy()
+        h[loc + bs : loc + b] = 0
+        inp.upload()
+        fb = self.batches[key]
+        if not on_host:  # ids already on the device (resolved there): queued after the upload
+            fb.input_ids[:bs].copy_(input_ids, non_blocking=True)
+        fb.seq_lens_cpu = seq.tolist()
+        fb.extend_seq_lens_cpu = [1] * b
         fb.extend_prefix_lens_cpu = pre.tolist()
         return fb
 
