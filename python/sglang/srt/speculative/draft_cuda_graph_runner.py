@@ -26,6 +26,11 @@ from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
 
 
+def as_int64(t: torch.Tensor) -> torch.Tensor:
+    """t as int64 (t itself when it already is: no call)."""
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
 class DraftDecodeGraphRunner(CudaGraphRunner):
     """Args: draft_runner (a DraftRunner holding an EAGLE-3 draft), batch_sizes (bs buckets),
     use_graphs (False: run the padded static batch eagerly, for CPU tests)."""
@@ -52,8 +57,11 @@ class DraftDecodeGraphRunner(CudaGraphRunner):
         positions: list[int],  # [m] position of this step's token (= KV length before it)
         out_cache_loc: torch.Tensor,  # [m] int64 KV slots (CPU)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step for m rows (can_run_decode(m) must hold). Returns fresh tensors
-        (logits [m, draft_vocab] float32, hidden [m, draft hidden])."""
+        """One draft step for m rows (can_run_decode(m) must hold). Returns (logits [m,
+        draft_vocab] float32, hidden [m, draft hidden]) as views of the graph's outputs, valid
+        until this runner's next replay: the chain drafting of EAGLEWorkerV2.draft_tokens picks
+        its tokens from them and gathers the next step's inputs on the current stream before
+        it replays again (copies would cost two more device calls per draft step)."""
         m = len(positions)
         key = self.pick(m, m)
         fb = self._fill(
@@ -61,12 +69,12 @@ class DraftDecodeGraphRunner(CudaGraphRunner):
             req_pool_indices,
             [p + 1 for p in positions],
             [1] * m,
-            input_ids.to(torch.int64),  # device ids: copied after the packed upload
-            out_cache_loc.to(torch.int64),
+            as_int64(input_ids),  # device ids: copied after the packed upload
+            as_int64(out_cache_loc),
         )
         self.hidden[:m].copy_(hidden, non_blocking=True)
         out = self._execute(key, fb)
-        return out.logits[:m].clone(), out.hidden_states[:m].clone()
+        return out.logits[:m], out.hidden_states[:m]
 
 
 class DraftExtendGraphRunner(CudaGraphRunner):
@@ -105,9 +113,10 @@ class DraftExtendGraphRunner(CudaGraphRunner):
         extend_lens: list[int],  # [bs] tokens per request (fits(extend_lens) must hold)
         out_cache_loc: torch.Tensor,  # [T] int64 KV slots (CPU)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The catch-up draft extend through its graph. Returns fresh tensors of each request's
-        last row (logits [bs, draft_vocab] float32, hidden [bs, draft hidden]), as
-        DraftRunner.forward does."""
+        """The catch-up draft extend through its graph. Returns each request's last row
+        (logits [bs, draft_vocab] float32, hidden [bs, draft hidden]), as DraftRunner.forward
+        does, but as views of the graph's outputs, valid until this runner's next replay (the
+        drafting step consumes them before: see DraftDecodeGraphRunner.decode)."""
         bs, t = len(extend_lens), int(input_ids.numel())
         key = self.pick(bs, t)
         fb = self._fill(
@@ -115,9 +124,9 @@ class DraftExtendGraphRunner(CudaGraphRunner):
             req_pool_indices,
             [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)],
             extend_lens,
-            input_ids.to(torch.int64),  # device ids: copied after the packed upload
-            out_cache_loc.to(torch.int64),
+            as_int64(input_ids),  # device ids: copied after the packed upload
+            as_int64(out_cache_loc),
         )
         self.hidden[:t].copy_(hidden, non_blocking=True)
         out = self._execute(key, fb)
-        return out.logits[:bs].clone(), out.hidden_states[:bs].clone()
+        return out.logits[:bs], out.hidden_states[:bs]
