@@ -17,7 +17,7 @@ from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITO
 pytest.importorskip("triton")
 
 from sglang.srt.layers.attention import create_attention_backend  # noqa: E402
-from sglang.srt.layers.attention.flashinfer_backend import (  # noqa: E402
+from sglang.srt.layers.attention.paged_layout import (  # noqa: E402
     fill_kv_indices,
     paged_layout,
 )
