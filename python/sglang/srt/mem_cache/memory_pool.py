@@ -83,12 +83,10 @@ class ReqToTokenPool:
         flat = rows * width + cols
         host = locs if locs.device.type == "cpu" else locs.cpu()
         vals = host.numpy().reshape(-1).astype(np.int64, copy=False)
+        self._cpu_flat[flat] = vals  # the CPU mirror (on a CPU device: the table itself)
         if self.req_to_token_cpu is not self.req_to_token:
-            self._cpu_flat[flat] = vals
             (packed,) = int64_to_device([np.concatenate([flat, vals])], self.req_to_token.device)
             self.req_to_token.view(-1)[packed[:total]] = packed[total:].to(torch.int32)
-        else:
-            self._cpu_flat[flat] = vals
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU."""

@@ -140,7 +140,7 @@ class AdaptiveController:
             kv_tokens=sum(r.kv_len for r in reqs),
         )
         if self.policy.name == "goodput":  # its bound check reads the last solve
-            chosen = self.policy.choose(view, self.time_fn, self.time_model.predict_last_solve)
+            chosen = self.policy.choose(view, self.time_fn, self.time_model.predict_unsolved)
         else:
             chosen = self.policy.choose(view, self.time_fn)
         chosen = chosen.tolist()

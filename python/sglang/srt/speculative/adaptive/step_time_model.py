@@ -147,19 +147,14 @@ class StepTimeModel:
     def predict(self, x: np.ndarray) -> np.ndarray | float:
         """Step time in seconds for features x ([F] -> float, [m, F] -> [m]); at least 1 us."""
         self._solve()
+        return self.predict_unsolved(x)
+
+    def predict_unsolved(self, x: np.ndarray) -> np.ndarray | float:
+        """predict with the coefficients of the last solve (no fold, no re-solve: at most
+        SOLVE_EVERY buffered updates behind predict): for reporting on steps where the policy
+        does not run, and for the policy's bound check."""
         t = np.maximum((x / _SCALES) @ self.theta, 1e-6)
         return float(t) if t.ndim == 0 else t
-
-    def predict_last_solve(self, x: np.ndarray) -> np.ndarray | float:
-        """predict with the coefficients of the last solve (no fold, no re-solve): at most
-        SOLVE_EVERY buffered updates behind predict."""
-        t = np.maximum((x / _SCALES) @ self.theta, 1e-6)
-        return float(t) if t.ndim == 0 else t
-
-    def predict_unsolved(self, x: np.ndarray) -> float:
-        """predict for one step [F] with the coefficients of the last solve (no re-solve:
-        for reporting on steps where the policy does not run)."""
-        return max(float((x / _SCALES) @ self.theta), 1e-6)
 
     def update(self, x: np.ndarray, measured_s: float) -> None:
         """Correct the model with one measured step (x: [F], measured_s: seconds). A
