@@ -53,6 +53,11 @@ def graph_batch_sizes(
     return sizes
 
 
+def as_int64(t: torch.Tensor) -> torch.Tensor:
+    """t as int64 (t itself when it already is: no call)."""
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
 @dataclass(frozen=True)
 class GraphKey:
     bs: int  # requests in the graph (real + pad)
@@ -395,14 +400,13 @@ class CudaGraphRunner:
         pending draft inputs across steps."""
         t = int(mwb.input_ids.numel())
         key = self.pick(mwb.batch_size, t)
-        ids, loc = mwb.input_ids, mwb.out_cache_loc
         fb = self._fill(
             key,
             mwb.req_pool_indices,
             mwb.seq_lens,
             mwb.extend_seq_lens,
-            ids if ids.dtype == torch.int64 else ids.to(torch.int64),
-            loc if loc.dtype == torch.int64 else loc.to(torch.int64),
+            as_int64(mwb.input_ids),
+            as_int64(mwb.out_cache_loc),
         )
         out = self._execute(key, fb)
         hidden = out.hidden_states

@@ -22,13 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, as_int64
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
-
-
-def as_int64(t: torch.Tensor) -> torch.Tensor:
-    """t as int64 (t itself when it already is: no call)."""
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
 
 
 class DraftDecodeGraphRunner(CudaGraphRunner):
