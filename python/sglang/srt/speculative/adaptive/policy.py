@@ -84,7 +84,8 @@ class GoodputPolicy:
         drafting out (_nothing_can_pay) and for the rate reported with an all-zero choice.
         The controller passes its model with the coefficients of the last solve: a check that
         rules drafting out, the common case under load, then costs no re-solve of the model
-        (60% of the policy's host time in the tenth session's py-spy of a server at c = 2),
+        (60% of the check's samples, 27% of the policy's, in the tenth session's py-spy of a
+        server at c = 2: benchmark/results/serve_pyspy_policy_h200_s10.json),
         and a choice it rules out is seen at most one solve late (every SOLVE_EVERY updates,
         or at the next fresh read). Any allocation that may draft is scored with time_fn."""
         bound = time_fn if bound_fn is None else bound_fn
