@@ -18,7 +18,7 @@ from sglang.srt.managers.tp_worker_overlap_thread import future_placeholder, res
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.srt.server_args_resolve import resolve_server_args
 from sglang.test.engine_checks import assert_no_kv_leak
-from sglang.test.scheduler_utils import abort, make_scheduler, run_until_idle, submit
+from sglang.test.scheduler_utils import abort, collect, make_scheduler, run_until_idle, submit
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -350,6 +350,42 @@ def test_spec_adaptive_identical(tiny_model_dir, draft_dir, greedy_reference):
     st = scheds[1].stats
     assert st["overlap_pipelined_steps"] > 0 and st["overlap_drains"] > 0
     assert scheds[1].spec.stats["spec_proposed_drafts"] > 0
+
+
+def test_drained_outputs_sent_before_the_next_launch(tiny_model_dir, draft_dir):
+    """A drain (here: before each drafting step, K = 3) sends the drained step's outputs before
+    the next step launches, so a drafting step's launch (catch-up, draft steps, verify) does
+    not delay tokens already committed: at every launch after the prefill, a streaming request
+    has received every token committed so far."""
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3,
+    )
+    sched = make_scheduler(tiny_model_dir, disable_overlap_schedule=False, **spec)
+    client = sched.worker_client
+    launch = client.forward_batch_generation_async
+    seen: list[tuple[str, int, int]] = []  # (mode, tokens received, tokens committed)
+    outs: dict = {}
+
+    def recording_launch(mwb):
+        collect(sched, outs)
+        committed = len(sched.running[0].output_ids) if sched.running else 0
+        seen.append(
+            (mwb.forward_mode.name, len(outs.get("a", {}).get("output_ids", [])), committed)
+        )
+        return launch(mwb)
+
+    client.forward_batch_generation_async = recording_launch
+    submit(sched, "a", prompts(1)[0], {**GREEDY, "max_new_tokens": 12}, stream=True)
+    run_until_idle(sched, outs)
+    assert seen[0] == ("EXTEND", 0, 0)
+    assert sum(mode == "TARGET_VERIFY" for mode, _, _ in seen) >= 2
+    assert sched.stats["overlap_drains"] >= 2
+    assert [(sent, committed) for _, sent, committed in seen[1:]] == [
+        (committed, committed) for _, _, committed in seen[1:]
+    ]
+    assert len(outs["a"]["output_ids"]) == 12
 
 
 # ------------------------------------------------------------------ engine

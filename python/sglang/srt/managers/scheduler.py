@@ -15,14 +15,14 @@ advance is known in advance:
   unknown token's value on the CPU) to a request of step N, and needs no retraction;
 - no prompt chunk is in flight when N+1 is a prefill (one chunked request at a time).
 
-Otherwise the scheduler first resolves and commits step N (`drain`), then builds. Step N+1
-refers to a request's unknown last token by a future placeholder that the worker thread
-resolves from its future-token buffer (tp_worker_overlap_thread.py). Commits stay in step
-order and all request state (output ids, kv_len, draft state, KV slots) stays here: a
-request that finishes in step N while in step N+1 loses N+1's token and slots when N+1
-commits; a request whose in-flight token reaches max_new_tokens is not scheduled again;
-sampling counts the in-flight token, so random positions (and outputs) equal the non-overlap
-run's.
+Otherwise the scheduler first resolves and commits step N (`drain`, which sends its outputs at
+once), then builds. Step N+1 refers to a request's unknown last token by a future placeholder
+that the worker thread resolves from its future-token buffer (tp_worker_overlap_thread.py).
+Commits stay in step order and all request state (output ids, kv_len, draft state, KV
+slots) stays here: a request that finishes in step N while in step N+1 loses N+1's token and
+slots when N+1 commits; a request whose in-flight token reaches max_new_tokens is not
+scheduled again; sampling counts the in-flight token, so random positions (and outputs) equal
+the non-overlap run's.
 """
 
 from __future__ import annotations
@@ -232,11 +232,17 @@ class Scheduler:
         return batch
 
     def drain(self) -> None:
-        """Resolve and commit the in-flight step, if any (overlap scheduling)."""
+        """Resolve and commit the in-flight step, if any (overlap scheduling), and send its
+        outputs at once: the next step's launch comes before step_overlap's own flush, and a
+        drain happens before a drafting step, whose launch (draft catch-up, draft steps,
+        verify) takes longest. Holding the outputs until after it would add that launch to
+        the drained step's latency, e.g. to a new request's first token when its first
+        decode step drafts."""
         step, self.inflight = self.inflight, None
         if step is not None:
             self.stats["overlap_drains"] += 1
             self.commit(step)
+            self.outputs.flush()
 
     def commit(self, step: InflightStep) -> None:
         result = self.worker_client.resolve(step.handle)
