@@ -8,8 +8,10 @@
 - observe: AdaptiveController.observe of a step where nothing drafts, us per call;
 - scheduler: the in-process Scheduler on a tiny random model (tiny EAGLE-3 draft), batch
   --batch-size, 48 tokens per request, plain vs --speculative-adaptive with a fixed model under
-  which nothing drafts; ms per decode step of each scheduler phase (plan / build / commit,
-  wall time of the calls), so the difference is the speculative bookkeeping of plain steps;
+  which nothing drafts; ms per decode step of each scheduler phase (plan / build / commit /
+  flush, wall time of the calls), so the difference is the speculative bookkeeping of plain
+  steps; `worker`: the worker's forward call (on this machine mostly the tiny model's CPU
+  forward, so not the GPU host's launch cost);
   `_staggered`: the same with requests of 8-40 tokens topped up to the batch size every step
   (requests join and finish nearly every step, as under serving load; prefills included).
 
@@ -20,15 +22,13 @@ script only uses interfaces that have not changed).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import tempfile
-import time
 import timeit
 
 import numpy as np
 import torch
-from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
+from bench_common import PhaseTimers, append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
 
 
 def policy_ms() -> dict:
@@ -94,22 +94,15 @@ def scheduler_ms(bs: int, staggered: bool = False) -> dict:
     out = {}
     for name, kw in cfgs.items():
         s = make_scheduler(model, device="cpu", dtype="float32", max_total_tokens=65536, **kw)
-        acc: dict = collections.defaultdict(float)
-        for obj, fn, label in [
-            (s.builder, "get_next_batch_to_run", "plan"),
-            (s.builder, "build_model_worker_batch", "build"),
-            (s.outputs, "process_batch_result", "commit"),
-        ]:
-            f = getattr(obj, fn)
-
-            def timed(*a, _f=f, _label=label, _acc=acc, **k):
-                t = time.perf_counter()
-                try:
-                    return _f(*a, **k)
-                finally:
-                    _acc[_label] += time.perf_counter() - t
-
-            setattr(obj, fn, timed)
+        timers = PhaseTimers(
+            [
+                (s.builder, "get_next_batch_to_run", "plan"),
+                (s.builder, "build_model_worker_batch", "build"),
+                (s.outputs, "process_batch_result", "commit"),
+                (s.tp_worker, "forward_batch_generation", "worker"),
+                (s.outputs, "flush", "flush"),
+            ]
+        )
         n0 = 0
         if staggered:  # requests of 8-40 tokens, topped up to bs every step (serving-like)
             rng = np.random.default_rng(0)
@@ -119,7 +112,7 @@ def scheduler_ms(bs: int, staggered: bool = False) -> dict:
                     submit(s, f"s{k}_{len(s.waiting_queue)}", list(range(10, 40)), p)
                 s.step()
                 if k == 2 * bs:
-                    acc.clear()
+                    timers.take()
                     n0 = s.stats["forward_steps"]
             run_until_idle(s, {})
         for rep in range(0 if staggered else 3):
@@ -128,11 +121,11 @@ def scheduler_ms(bs: int, staggered: bool = False) -> dict:
             s.step()
             s.step()
             if rep == 0:
-                acc.clear()
+                timers.take()
                 n0 = s.stats["forward_steps"]
             run_until_idle(s, {})
         steps = s.stats["forward_steps"] - n0
-        out[name] = {k: round(1e3 * v / steps, 4) for k, v in sorted(acc.items())}
+        out[name] = {k: round(v / steps, 4) for k, v in timers.take().items()}
     return out
 
 

@@ -19,7 +19,9 @@ prompt ids, greedy, ignore_eos) and reports
 - ttft_ms (--ttft-rounds N): N times, one more request (a fresh prompt of the same kind) is
   submitted while the batch decodes; wall time from its submission until its first token is
   committed (scheduler steps in a loop; CUDA synchronised at the start), i.e. the server-side
-  TTFT under a running batch of --batch-size; median and all rounds. With --torch-profile, the
+  TTFT under a running batch of --batch-size; median and all rounds; ttft_timeline: the
+  last four rounds step by step (what each scheduler step launched, its start and wall ms,
+  and the ms of its phases: build, launch, resolve, commit). With --torch-profile, the
   torch profiler's top CPU and CUDA ops over the last three rounds;
 - step_ms: wall time per scheduler step over --steps decode steps (CUDA synchronised at both
   ends), i.e. what one token of each request costs end to end inside the scheduler;
@@ -59,6 +61,7 @@ import time
 import torch
 from bench_common import (
     REPO,
+    PhaseTimers,
     llama_weight_bytes,
     measure_copy_bandwidth,
     run_meta,
@@ -103,7 +106,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     )
     warm = 8
     budget = warm + a.steps + 16 + 8 * a.ttft_rounds + a.py_spy_steps + a.step_profile
-    budget += 2 * 1000 if a.py_spy_steps else 0  # py-spy's attach seconds (< 1 ms per step)
+    budget += 2 * 1000 if a.py_spy_steps or a.py_spy_ttft else 0  # py-spy attach: 1 s of steps
     params = {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}
     gen = torch.Generator().manual_seed(0)
     for i in range(a.batch_size):
@@ -207,6 +210,8 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
     ms: list[float] = []
     running: list[int] = []  # decoding requests at each round's submission (drafting modes
     # commit up to K + 1 tokens per step and may finish the batch early)
+    timeline: list[list[dict]] = []  # per round, per scheduler step (see _timeline_row)
+    timers = _step_timers(sched)
     prof = None
     cprof = cProfile.Profile() if a.cprofile else None
     spy = None
@@ -230,20 +235,27 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
         collect(sched, outputs)
         outputs.clear()
         sync(a.device)
+        timers.take()  # drop the previous round's tail steps
         t0 = time.perf_counter()
         if cprof is not None:
             cprof.enable()
         running.append(len(sched.running))
         submit(sched, f"t{r}", ids, params, stream=True)
+        steps = []
         while not outputs.get(f"t{r}", {}).get("output_ids"):
-            sched.step()
+            s0 = time.perf_counter()
+            batch = sched.step()
             collect(sched, outputs)
+            steps.append(_timeline_row(batch, s0, t0, timers))
         ms.append(1e3 * (time.perf_counter() - t0))
+        timeline.append(steps)
         if cprof is not None:
             cprof.disable()
         for _ in range(6):  # let it finish before the next round
             sched.step()
+    timers.restore()
     out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms, "running": running}
+    out["ttft_timeline"] = timeline[-4:]
     out["ttft_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), time.perf_counter() - wall0)
     if spy is not None:
         out["ttft_py_spy_idle"] = {"raw_file": raw, **stop_spy(spy, raw)}
@@ -261,6 +273,38 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
                 sort_by="self_cuda_time_total", row_limit=30
             ).splitlines()
     return out
+
+
+def _step_timers(sched) -> PhaseTimers:
+    """The scheduler's phases within each step of the TTFT rounds: building the next batch
+    (BatchBuilder.get_next_batch_to_run, drains included), launching it and resolving the
+    previous one (the overlap client's calls; the worker's call without overlap), committing
+    results."""
+    client = sched.worker_client
+    targets = [(sched.builder, "get_next_batch_to_run", "build")]
+    if client is not None:
+        targets += [
+            (client, "forward_batch_generation_async", "launch"),
+            (client, "resolve", "resolve"),
+        ]
+    else:
+        targets.append((sched.tp_worker, "forward_batch_generation", "launch"))
+    targets.append((sched.outputs, "process_batch_result", "commit"))
+    return PhaseTimers(targets)
+
+
+def _timeline_row(batch, s0: float, t0: float, timers: PhaseTimers) -> dict:
+    """One scheduler step of a TTFT round: what it launched, its start and length (ms) and
+    its phases (_step_timers)."""
+    row = {
+        "start_ms": round(1e3 * (s0 - t0), 3),
+        "ms": round(1e3 * (time.perf_counter() - s0), 3),
+        "mode": batch.forward_mode.name if batch is not None else None,
+        "bs": len(batch.reqs) if batch is not None else 0,
+        "draft_tokens": sum(getattr(r, "draft_len", 0) for r in batch.reqs) if batch else 0,
+    }
+    row.update(timers.take())
+    return row
 
 
 def _step_profile(sched, a: argparse.Namespace) -> dict:
