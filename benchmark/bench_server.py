@@ -3,6 +3,7 @@ port with its log in a file, wait until it serves, query it, kill its whole proc
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import subprocess
@@ -27,11 +28,38 @@ def log_tail(path: str, lines: int = 60) -> str:
         return ""
 
 
+def parse_cpu_list(text: str) -> set[int]:
+    """CPU numbers of a Linux CPU list such as "0-3,8,10-11" (taskset -c / cpuset syntax).
+    Raises ValueError for an empty list, a malformed item or a reversed range."""
+    cpus: set[int] = set()
+    for item in text.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad CPU list {text!r}: item {item!r} is not N or N-M")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if b < a:
+            raise ValueError(f"bad CPU list {text!r}: range {item!r} is reversed")
+        cpus.update(range(a, b + 1))
+    return cpus
+
+
+def affinity_preexec(cpus: str | None):
+    """For subprocess.Popen's preexec_fn: pins the child (and what it starts) to the CPU list
+    `cpus`, or None when `cpus` is empty. Raises ValueError for a malformed list (here, not in
+    the child)."""
+    if not cpus:
+        return None
+    cpu_set = parse_cpu_list(cpus)
+    return lambda: os.sched_setaffinity(0, cpu_set)
+
+
 class Server:
     """A launch_server subprocess (same process group as this one, so a killed sweep does not
-    leave it running); stop() kills its whole tree."""
+    leave it running); stop() kills its whole tree. With `cpus` (a CPU list, parse_cpu_list)
+    the server and every process it starts run on those CPUs only (the affinity is set in the
+    child before exec and inherited), so that servers side by side do not share cores."""
 
-    def __init__(self, flags: list[str], log_path: str) -> None:
+    def __init__(self, flags: list[str], log_path: str, cpus: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -41,7 +69,12 @@ class Server:
         self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         self.log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         self.log.flush()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        if cpus:
+            self.log.write(f"# CPU affinity: {cpus}\n")
+            self.log.flush()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=affinity_preexec(cpus)
+        )
 
     def wait_ready(self, timeout_s: float) -> None:
         """Until /health answers and one short /generate succeeds. Raises RuntimeError if the

@@ -4,6 +4,7 @@ summary's medians and paired ratios over rounds."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -155,3 +156,41 @@ def test_plot_results_draws_a_paired_run_and_links_it_once(tmp_path):
     report(str(path))
     md = (tmp_path / "paired_tiny.md").read_text()
     assert md.startswith(table) and md.count("![paired](paired_tiny.png)") == 1
+
+
+def test_cpu_lists_parse_and_pin_a_child():
+    from bench_server import affinity_preexec, parse_cpu_list
+
+    assert parse_cpu_list("0-2,5,7-8") == {0, 1, 2, 5, 7, 8}
+    assert parse_cpu_list("3") == {3}
+    for bad in ("", "a", "1-", "4-2", "1,,2"):
+        with pytest.raises(ValueError, match="bad CPU list"):
+            parse_cpu_list(bad)
+    assert affinity_preexec(None) is None and affinity_preexec("") is None
+    cpu = min(os.sched_getaffinity(0))
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        preexec_fn=affinity_preexec(str(cpu)),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == f"[{cpu}]"
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        (["--cpu-sets", "0-1"], "1 CPU lists"),
+        (["--cpu-sets", "0-1", "x"], "bad CPU list"),
+        (["--cpu-sets", "0", "1", "--client-cpus", "3-2"], "reversed"),
+    ],
+)
+def test_bad_cpu_sets_stop_before_any_server(extra, why, tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit, match=why):
+        main(
+            ["--preset", "smollm2", "--configs", "no_spec", "adaptive", "--result-file", str(out)]
+            + extra
+        )
+    assert not out.exists()
