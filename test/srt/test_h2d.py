@@ -3,6 +3,7 @@ buffer and one asynchronous copy; on the CPU plain tensors)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,10 +14,21 @@ from sglang.srt.utils.h2d import int64_to_device, to_device_async
 def test_int64_to_device_packs_parts_in_order(dev):
     if dev == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA only")
-    parts = [[3, 1, 2], torch.tensor([7, 8], dtype=torch.int32), [], [5]]
+    src = torch.tensor([9, 4], dtype=torch.int64)
+    parts = [
+        [3, 1, 2],
+        torch.tensor([7, 8], dtype=torch.int32),
+        [],
+        np.array([5]),
+        src[::2],
+        torch.arange(6).view(2, 3)[:, 1],
+    ]
     out = int64_to_device(parts, dev)
-    assert [t.tolist() for t in out] == [[3, 1, 2], [7, 8], [], [5]]
+    assert [t.tolist() for t in out] == [[3, 1, 2], [7, 8], [], [5], [9], [1, 4]]
     assert all(t.dtype == torch.int64 and t.device.type == dev for t in out)
+    (one,) = int64_to_device([src], dev)
+    src[0] = -1  # the results never alias the caller's memory
+    assert one.tolist() == [9, 4] and out[4].tolist() == [9]
     with pytest.raises(ValueError, match="1-D"):
         int64_to_device([torch.zeros(2, 2)], dev)
 
