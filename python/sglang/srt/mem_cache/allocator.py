@@ -20,6 +20,9 @@ class TokenToKVPoolAllocator:
     def clear(self) -> None:
         # [size], top of the stack at the end; a fresh pool hands out 1, 2, 3, ... in order
         self._stack = torch.arange(self.size, 0, -1, dtype=torch.int64)
+        # its numpy view: alloc and free move slots through it, without torch calls (a
+        # drafting step frees each request's rejected slots)
+        self._stack_np = self._stack.numpy()
         self._num_free = self.size  # _stack[:_num_free] are the free slots
 
     @property
@@ -36,7 +39,8 @@ class TokenToKVPoolAllocator:
         if need > self._num_free:
             return None
         self._num_free -= need
-        return self._stack[self._num_free : self._num_free + need].flip(0)  # a copy
+        top = self._stack_np[self._num_free : self._num_free + need]
+        return torch.from_numpy(top[::-1].copy())
 
     def free(self, slots: torch.Tensor) -> None:
         """Return slots ([n] int64) to the free list. Raises ValueError when more slots come
@@ -46,6 +50,7 @@ class TokenToKVPoolAllocator:
             return
         if self._num_free + n > self.size:
             raise ValueError(f"freeing {n} slots overflows the pool of {self.size} (double free)")
+        host = slots if slots.device.type == "cpu" else slots.cpu()
         # pushed reversed, so freeing then allocating the same count returns the same order
-        self._stack[self._num_free : self._num_free + n] = slots.to("cpu", torch.int64).flip(0)
+        self._stack_np[self._num_free : self._num_free + n] = host.numpy().reshape(-1)[::-1]
         self._num_free += n

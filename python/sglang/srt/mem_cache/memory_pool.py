@@ -89,8 +89,13 @@ class ReqToTokenPool:
             self.req_to_token.view(-1)[packed[:total]] = packed[total:].to(torch.int32)
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
-        """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU."""
-        return self.req_to_token_cpu[slot, start:end].to(torch.int64)
+        """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU
+        (a fresh tensor, read through the mirror's numpy view: no torch call; every drafting
+        request reads its catch-up slots each step). Raises IndexError outside the table."""
+        w = self.max_context_len
+        if not (0 <= slot < self.size and 0 <= start <= end <= w):
+            raise IndexError(f"req_to_token read [{start}, {end}) of slot {slot} outside the table")
+        return torch.from_numpy(self._cpu_flat[slot * w + start : slot * w + end].astype(np.int64))
 
     def clear(self) -> None:
         self.free_slots = list(range(self.size))

@@ -1,0 +1,40 @@
+"""ReqToTokenPool.read and the KV slot allocator, which move slots through numpy views of their
+CPU tables (no torch calls per request in a drafting step's build and commit)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+
+def test_read_returns_a_fresh_int64_copy_of_the_row():
+    pool = ReqToTokenPool(size=3, max_context_len=8, device="cpu")
+    pool.write(1, 2, torch.tensor([11, 12, 13], dtype=torch.int64))
+    got = pool.read(1, 1, 5)
+    assert got.dtype == torch.int64 and got.tolist() == [0, 11, 12, 13]
+    got[1] = -5  # a copy: the table is unchanged
+    assert pool.req_to_token[1, 2].item() == 11
+    assert pool.read(2, 0, 0).tolist() == []
+    assert pool.read(1, 0, 8).tolist() == [0, 0, 11, 12, 13, 0, 0, 0]
+    for slot, start, end in [(1, 6, 9), (3, 0, 1), (-1, 0, 1), (0, 3, 2)]:
+        with pytest.raises(IndexError, match="outside the table"):
+            pool.read(slot, start, end)
+
+
+def test_allocator_stack_order_and_double_free():
+    a = TokenToKVPoolAllocator(10)
+    first = a.alloc(4)
+    assert first.dtype == torch.int64 and first.tolist() == [1, 2, 3, 4]
+    first[0] = 99  # a fresh tensor: the free list is unchanged
+    a.free(torch.tensor([3, 4, 1, 2], dtype=torch.int32))  # other dtypes are accepted
+    assert a.available_size() == 10
+    held = a.alloc(4)
+    assert held.tolist() == [3, 4, 1, 2]  # freeing then allocating keeps the order
+    a.free(torch.stack([held, torch.zeros_like(held)], dim=1).reshape(-1)[::2])  # strided
+    assert a.alloc(2).tolist() == [3, 4]
+    assert a.alloc(100) is None
+    with pytest.raises(ValueError, match="double free"):
+        a.free(torch.arange(1, 11))
