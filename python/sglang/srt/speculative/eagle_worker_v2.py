@@ -242,6 +242,7 @@ class EAGLEWorkerV2:
         )
         step = 1
         picked: list[torch.Tensor] = []  # per draft step: [m] target ids of its active rows
+        loc = mwb.out_cache_loc.numpy()  # [R] KV slots of the verify rows (CPU)
         while True:
             tok = self._pick(logits, active, step, info, q_rows)  # [m] int64, on the device
             picked.append(tok)
@@ -249,17 +250,19 @@ class EAGLEWorkerV2:
             keep = [k for k, i in enumerate(active) if d[i] >= step]
             if not keep:
                 break
-            active = [active[k] for k in keep]
+            if len(keep) < len(active):  # some requests stop drafting: gather the rest
+                active = [active[k] for k in keep]
+                (keep_t,) = int64_to_device([keep], self.device)
+                tok, g = tok[keep_t], g[keep_t]
             # Draft step `step` sits at position n_i + step - 2, in the KV slot of verify token
             # step - 2 (the scheduler wrote those slots into req_to_token).
             pos = [mwb.extend_prefix_lens[i] + step - 2 for i in active]
-            (keep_t,) = int64_to_device([keep], self.device)
             logits, g = self.draft.decode(
-                tok[keep_t],
-                g[keep_t],
+                tok,
+                g,
                 [mwb.req_pool_indices[i] for i in active],
                 pos,
-                mwb.out_cache_loc[[starts[i] + step - 2 for i in active]],  # one CPU gather
+                torch.from_numpy(loc[[starts[i] + step - 2 for i in active]]),  # numpy gather
             )
         flat = picked[0]  # one draft step: step-major is request-major
         if len(picked) > 1:
