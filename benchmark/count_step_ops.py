@@ -1,6 +1,7 @@
 """Host work of a decode step, counted in torch operator calls (CPU machine, no GPU needed):
 
-    python benchmark/count_step_ops.py --result-file benchmark/results/step_ops_cpu.json
+    python benchmark/count_step_ops.py [--drafting-k 1 3] [--where] \
+        --result-file benchmark/results/step_ops_cpu.json
 
 Why count instead of time: on the H200 host every small torch call costs tens of
 microseconds of Python and dispatcher time, and a SmolLM2 decode step is host-bound (the
@@ -20,8 +21,10 @@ read-back copy), commit (resolve + process_batch_result), flush (outputs to the 
 
 Configurations: `plain` (no speculation) and `adaptive_no_drafts` (EAGLE-3, tiny draft,
 --speculative-adaptive with a step-time model under which drafting never pays: every step is
-a plain decode, the common case under load). Per batch size: steady decode (every request
-running, ops per step averaged over --steps steps).
+a plain decode, the common case under load); with --drafting-k K...: `static_kK` (EAGLE-3 at
+a static K: every decode step drafts K tokens per request, then verifies). Per batch size:
+steady decode (every request running, ops per step averaged over --steps steps). The draft's
+model forward and attention plan count as one call each, like the target's.
 
 Not counted: work done on the CPU outside torch calls (Python, numpy), and what the CUDA path
 adds that the CPU path does not have (pinned staging, events, the FlashInfer plan).
@@ -122,6 +125,7 @@ def instrument(sched, counter: OpCounter) -> None:
     draft = getattr(worker, "draft", None)
     if draft is not None:
         as_one_call(draft.model, "forward")
+        as_one_call(draft.attn_backend, "init_forward_metadata", "attn_plan")
     # The eager padded path plans attention with the CPU backend's own metadata; a CUDA
     # server plans FlashInfer / Triton there instead (another cost): one call, `attn_plan`.
     as_one_call(runner.attn_backend, "init_forward_metadata", "attn_plan")
@@ -143,10 +147,18 @@ def graph_path(sched, sizes: list[int]) -> None:
         draft.init_cuda_graphs(sizes, k + 1, use_graphs=False)
 
 
-def count(model: str, draft: str, bs: int, steps: int, where: bool = False) -> dict:
+def count(
+    model: str, draft: str, bs: int, steps: int, where: bool = False, drafting_ks: tuple = ()
+) -> dict:
     from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 
     cfgs = plain_and_adaptive_no_drafts(draft)
+    for k in drafting_ks:  # every decode step drafts K tokens per request
+        cfgs[f"static_k{k}"] = dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=k,
+        )
     params = {"max_new_tokens": steps + 16, "temperature": 0, "ignore_eos": True}
     out = {}
     for name, kw in cfgs.items():
@@ -216,6 +228,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--label", default="current tree")
     p.add_argument("--where", action="store_true", help="also count per sglang call site")
+    p.add_argument(
+        "--drafting-k",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also static EAGLE-3 at these K (every decode step drafts K tokens per request)",
+    )
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
     from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
@@ -227,7 +246,7 @@ def main() -> None:
     draft = make_tiny_eagle3_dir(d + "/e", model)
     result = {"label": a.label, "git_commit_of_cwd": git_commit_of_cwd()}
     for bs in a.batch_sizes:
-        result[f"bs{bs}"] = count(model, draft, bs, a.steps, a.where)
+        result[f"bs{bs}"] = count(model, draft, bs, a.steps, a.where, tuple(a.drafting_k))
         for name, r in result[f"bs{bs}"].items():
             print(f"bs {bs} {name}: {r['ops_per_step']} ops/step {r['by_phase']}")
     if a.result_file:
