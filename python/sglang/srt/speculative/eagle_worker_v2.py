@@ -38,7 +38,14 @@ from sglang.srt.speculative.draft_config import (
 )
 from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
-from sglang.srt.speculative.verify import greedy_rows, speculative_sample, verify_greedy_rows
+from sglang.srt.speculative.verify import (
+    greedy_fused_applies,
+    greedy_rows,
+    packed_result,
+    speculative_sample,
+    verify_greedy_packed,
+    verify_greedy_rows,
+)
 from sglang.srt.utils.h2d import int64_to_device
 
 
@@ -305,7 +312,13 @@ class EAGLEWorkerV2:
         # Target verify: one ragged extend of sum(1 + d_i) tokens [x_n, d_1 .. d_{d_i}].
         starts = token_starts(mwb)
         rows = [starts[i] + 1 + j for i in range(len(d)) for j in range(d[i])]
-        greedy = greedy_rows(d) if info.is_all_greedy else ([], [], [])
+        # greedy verification: the fused kernel reads each request's first row and d_i; the
+        # torch path reads gather lists built here
+        fused = info.is_all_greedy and greedy_fused_applies(self.device)
+        if not info.is_all_greedy:
+            greedy = ()
+        else:
+            greedy = ([*starts],) if fused else greedy_rows(d)
         ids, rows_t, d_t, *lay = int64_to_device([mwb.input_ids, rows, d, *greedy], self.device)
         ids = ids.index_put((rows_t,), drafts)  # [R] int64: the verify input
         out = self.model_runner.forward_worker_batch(
@@ -316,15 +329,16 @@ class EAGLEWorkerV2:
         logits, hidden = out.next_token_logits, out.hidden_states  # [R, V], [R, 3H]
 
         if info.is_all_greedy and not info.has_logits_processors:
-            vo = verify_greedy_rows(logits.argmax(-1), ids, *lay, max(d) + 1)
-            return self._collect(mwb, logits, hidden, vo, starts)
+            return self._collect(
+                mwb, logits, hidden, self._verify_greedy(logits, ids, d_t, lay, d, fused), starts
+            )
         host_drafts = None
         if info.reads_output_ids:  # penalties count the drafts: they must come to the host
             host_drafts = drafts_by_request(drafts, d)
         rows_info = info.expand([1 + x for x in d], host_drafts)
         processed = rows_info.apply_logits_processors(logits)
         if info.is_all_greedy:
-            vo = verify_greedy_rows(processed.argmax(-1), ids, *lay, max(d) + 1)
+            both = self._verify_greedy(processed, ids, d_t, lay, d, fused)
         else:
             p = sampling_probs(processed, rows_info)
             u = uniform_noise(rows_info.seeds, rows_info.random_positions, 1, STREAM_SPEC_ACCEPT)
@@ -335,11 +349,22 @@ class EAGLEWorkerV2:
                 )
 
             vo = speculative_sample(drafts, d_t, q, p, u[:, 0], sample_fn, host_lens=d)
-        return self._collect(mwb, logits, hidden, vo, starts)
+            both = packed_result(vo)
+        return self._collect(mwb, logits, hidden, both, starts)
 
-    def _collect(self, mwb, logits, hidden, vo, starts) -> GenerationBatchResult:
-        # One read-back: [bs, 1 + max_d + 1] = (num_accepted, output ids)
-        both = torch.cat([vo.num_accepted.view(-1, 1), vo.output_ids], dim=1).tolist()
+    @staticmethod
+    def _verify_greedy(logits, ids, d_t, lay, d: list[int], fused: bool) -> torch.Tensor:
+        """Greedy verification of the step's [R, V] logits: [bs, 1 + max d + 1] int64 (accept
+        lengths, output ids). lay: what int64_to_device moved for it (fused: each request's
+        first verify row; else greedy_rows' three lists)."""
+        if fused:
+            return verify_greedy_packed(logits.argmax(-1), ids, lay[0], d_t, max(d) + 1)
+        return packed_result(verify_greedy_rows(logits.argmax(-1), ids, *lay, max(d) + 1))
+
+    def _collect(self, mwb, logits, hidden, both, starts) -> GenerationBatchResult:
+        """both: [bs, 1 + max_d + 1] int64 device (num_accepted, output ids), read back in one
+        copy."""
+        both = both.tolist()
         acc = [r[0] for r in both]
         tokens = [r[1 : 2 + a] for r, a in zip(both, acc, strict=True)]
         spec = SpecStepOutput(
