@@ -186,7 +186,7 @@ class PairedRun:
             t0 = time.monotonic()
             try:
                 self.sweep.make_draft(flags)
-                cpus = a.cpu_sets[a.configs.index(name)] if a.cpu_sets else None
+                cpus = a.cpu_sets[a.configs.index(name)] if a.cpu_sets else a.inherited_cpus
                 server = self.servers[name] = Server(flags, log_path, cpus)
                 cfg["cpus"] = cpus
                 cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
@@ -263,7 +263,11 @@ def main(argv: list[str] | None = None) -> dict:
             parse_cpu_list(text)
         except ValueError as e:
             raise SystemExit(f"--cpu-sets / --client-cpus: {e}") from None
+    # Without --cpu-sets a server keeps the CPUs this process had before --client-cpus pinned
+    # it (a child inherits its parent's affinity: else every server would share the client's)
+    args.inherited_cpus = None
     if args.client_cpus:
+        args.inherited_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
         os.sched_setaffinity(0, parse_cpu_list(args.client_cpus))
     if default_file:
         args.result_file = args.result_file.replace("sweep_", "paired_")

@@ -194,3 +194,47 @@ def test_bad_cpu_sets_stop_before_any_server(extra, why, tmp_path):
             + extra
         )
     assert not out.exists()
+
+
+_CLIENT_ONLY_PIN = """
+import os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import bench_server, paired_serving
+
+seen = []
+
+class ChildAffinity:  # what a server started like bench_server.Server would run on
+    def __init__(self, flags, log_path, cpus=None):
+        probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+        out = subprocess.run(probe, preexec_fn=bench_server.affinity_preexec(cpus),
+                             capture_output=True, text=True, check=True)
+        seen.append(out.stdout.strip())
+        raise RuntimeError("no server in this test")
+
+paired_serving.Server = ChildAffinity
+paired_serving.main(["--preset", "smollm2", "--configs", "no_spec", "adaptive",
+                     "--result-file", sys.argv[2], "--log-dir", sys.argv[3],
+                     "--client-cpus", sys.argv[4]])
+print("SERVER", seen[0])
+print("CLIENT", sorted(os.sched_getaffinity(0)))
+"""
+
+
+def test_client_cpus_alone_leave_the_servers_their_cpus(tmp_path):
+    """--client-cpus without --cpu-sets pins the client only: a server keeps the CPUs the
+    benchmark had before (a child inherits its parent's affinity, so without care every
+    server would run on the client's CPUs)."""
+    before = sorted(os.sched_getaffinity(0))
+    if len(before) < 2:
+        pytest.skip("needs 2 CPUs")
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark")
+    argv = [str(tmp_path / "r.json"), str(tmp_path / "logs"), str(before[0])]
+    out = subprocess.run(
+        [sys.executable, "-c", _CLIENT_ONLY_PIN, bench, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert lines["CLIENT"] == f"[{before[0]}]"
+    assert lines["SERVER"] == str(before)
