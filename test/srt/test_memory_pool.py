@@ -3,6 +3,7 @@ CPU tables (no torch calls per request in a drafting step's build and commit).""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,10 @@ def test_read_returns_a_fresh_int64_copy_of_the_row():
     assert pool.req_to_token[1, 2].item() == 11
     assert pool.read(2, 0, 0).tolist() == []
     assert pool.read(1, 0, 8).tolist() == [0, 0, 11, 12, 13, 0, 0, 0]
+    arr = pool.read_np(1, 2, 4)  # the numpy form: int64, a copy
+    assert arr.dtype == np.int64 and arr.tolist() == [11, 12]
+    arr[0] = 0
+    assert pool.read_np(1, 2, 3).tolist() == [11]
     for slot, start, end in [(1, 6, 9), (3, 0, 1), (-1, 0, 1), (0, 3, 2)]:
         with pytest.raises(IndexError, match="outside the table"):
             pool.read(slot, start, end)
@@ -35,6 +40,8 @@ def test_allocator_stack_order_and_double_free():
     assert held.tolist() == [3, 4, 1, 2]  # freeing then allocating keeps the order
     a.free(torch.stack([held, torch.zeros_like(held)], dim=1).reshape(-1)[::2])  # strided
     assert a.alloc(2).tolist() == [3, 4]
+    a.free(np.array([4, 3], dtype=np.int32))  # numpy arrays too
+    assert a.alloc(2).tolist() == [4, 3]
     assert a.alloc(100) is None
     with pytest.raises(ValueError, match="double free"):
         a.free(torch.arange(1, 11))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from sglang.srt.managers.schedule_batch import FinishReason, ModelWorkerBatch, Req, ScheduleBatch
@@ -228,7 +229,7 @@ class BatchBuilder:
     def build_model_worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:
         s = self.s
         input_ids: list[int] = []
-        slots: list[torch.Tensor] = []
+        slots: list[np.ndarray] = []  # per request its KV slots, when the batch has none yet
         num_rows: list[int] = []
         targets: list[list[int]] = []
         num_future = 0  # input ids that are the in-flight token of their request
@@ -240,7 +241,7 @@ class BatchBuilder:
                 num_future += 1
             input_ids.extend(ids + [0] * (n - len(ids)))  # draft tokens are filled by the worker
             if batch.out_cache_loc is None:
-                slots.append(s.kv.req_slots(req, start, start + n))
+                slots.append(s.kv.req_slots_np(req, start, start + n))
             if batch.forward_mode == ForwardMode.EXTEND:
                 tgt = self.input_logprob_targets(req, start, n, final)
                 num_rows.append(len(tgt) + (1 if final else 0))
@@ -253,7 +254,11 @@ class BatchBuilder:
         mwb = ModelWorkerBatch(
             forward_mode=batch.forward_mode,
             input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            out_cache_loc=torch.cat(slots) if batch.out_cache_loc is None else batch.out_cache_loc,
+            out_cache_loc=(
+                torch.from_numpy(np.concatenate(slots))
+                if batch.out_cache_loc is None
+                else batch.out_cache_loc
+            ),
             req_pool_indices=[r.req_pool_idx for r in batch.reqs],
             seq_lens=[next_kv_start(r) + r.extend_input_len for r in batch.reqs],
             extend_prefix_lens=[next_kv_start(r) for r in batch.reqs],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from sglang.srt.managers.schedule_batch import Req
@@ -49,10 +50,14 @@ class KVPlanner:
         """KV slots ([end - start] int64 CPU) of tokens [start, end) of req."""
         return self.req_to_token_pool.read(req.req_pool_idx, start, end)
 
+    def req_slots_np(self, req: Req, start: int, end: int) -> np.ndarray:
+        """req_slots as a numpy int64 array (no torch call: per request in drafting steps)."""
+        return self.req_to_token_pool.read_np(req.req_pool_idx, start, end)
+
     def free_token_range(self, req: Req, start: int, end: int) -> None:
         """Free the KV of tokens [start, end) (e.g. rejected draft tokens)."""
         if end > start:
-            self.allocator.free(self.req_slots(req, start, end))
+            self.allocator.free(self.req_slots_np(req, start, end))
 
     def release(self, req: Req) -> None:
         """A request leaves the running set (finished, aborted or retracted): its KV of

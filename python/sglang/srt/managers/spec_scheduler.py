@@ -109,7 +109,7 @@ class SpecScheduler:
                 lo, n = req.draft.draft_kv_len, req.kv_len
                 plan.catchup_ids.append(req.fill_ids[lo + 1 : n + 1])
                 plan.catchup_prefix_lens.append(lo)
-                plan.catchup_slots.append(kv.req_slots(req, lo, n))
+                plan.catchup_slots.append(kv.req_slots_np(req, lo, n))
                 plan.catchup_hidden.append(req.draft.hidden_states)
             else:
                 plan.catchup_ids.append([])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -42,15 +43,18 @@ class TokenToKVPoolAllocator:
         top = self._stack_np[self._num_free : self._num_free + need]
         return torch.from_numpy(top[::-1].copy())
 
-    def free(self, slots: torch.Tensor) -> None:
-        """Return slots ([n] int64) to the free list. Raises ValueError when more slots come
-        back than the pool holds (a double free)."""
-        n = slots.numel()
+    def free(self, slots: torch.Tensor | np.ndarray) -> None:
+        """Return slots ([n] integers, a tensor or a numpy array) to the free list. Raises
+        ValueError when more slots come back than the pool holds (a double free)."""
+        if isinstance(slots, np.ndarray):
+            host = slots
+        else:
+            host = (slots if slots.device.type == "cpu" else slots.cpu()).numpy()
+        n = host.size
         if n == 0:
             return
         if self._num_free + n > self.size:
             raise ValueError(f"freeing {n} slots overflows the pool of {self.size} (double free)")
-        host = slots if slots.device.type == "cpu" else slots.cpu()
         # pushed reversed, so freeing then allocating the same count returns the same order
-        self._stack_np[self._num_free : self._num_free + n] = host.numpy().reshape(-1)[::-1]
+        self._stack_np[self._num_free : self._num_free + n] = host.reshape(-1)[::-1]
         self._num_free += n

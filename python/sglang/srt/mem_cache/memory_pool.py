@@ -90,12 +90,16 @@ class ReqToTokenPool:
 
     def read(self, slot: int, start: int, end: int) -> torch.Tensor:
         """KV slots of tokens [start, end) of the request in `slot`: [end - start] int64, CPU
-        (a fresh tensor, read through the mirror's numpy view: no torch call; every drafting
-        request reads its catch-up slots each step). Raises IndexError outside the table."""
+        (a fresh tensor, read_np's array). Raises IndexError outside the table."""
+        return torch.from_numpy(self.read_np(slot, start, end))
+
+    def read_np(self, slot: int, start: int, end: int) -> np.ndarray:
+        """read as a fresh [end - start] int64 numpy array, through the CPU mirror's numpy view
+        (no torch call: a drafting step reads every drafting request's slots twice)."""
         w = self.max_context_len
         if not (0 <= slot < self.size and 0 <= start <= end <= w):
             raise IndexError(f"req_to_token read [{start}, {end}) of slot {slot} outside the table")
-        return torch.from_numpy(self._cpu_flat[slot * w + start : slot * w + end].astype(np.int64))
+        return self._cpu_flat[slot * w + start : slot * w + end].astype(np.int64)
 
     def clear(self) -> None:
         self.free_slots = list(range(self.size))

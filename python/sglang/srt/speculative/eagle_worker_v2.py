@@ -13,6 +13,7 @@ import dataclasses
 import time
 from itertools import accumulate
 
+import numpy as np
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
@@ -245,7 +246,7 @@ class EAGLEWorkerV2:
             [mwb.req_pool_indices[i] for i in active],
             [plan.catchup_prefix_lens[i] for i in active],
             [len(plan.catchup_ids[i]) for i in active],
-            torch.cat([plan.catchup_slots[i] for i in active]),
+            torch.from_numpy(np.concatenate([plan.catchup_slots[i] for i in active])),
         )
         step = 1
         picked: list[torch.Tensor] = []  # per draft step: [m] target ids of its active rows

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+import numpy as np
 import torch
 
 from sglang.srt.utils.h2d import int64_to_device
@@ -197,7 +198,7 @@ class SpecPlan:
     # Indexed by request; empty lists when no request drafts this step.
     catchup_ids: list[list[int]] = field(default_factory=list)  # [bs][c_i]
     catchup_prefix_lens: list[int] = field(default_factory=list)  # [bs] draft_kv_len_i
-    catchup_slots: list[torch.Tensor | None] = field(default_factory=list)  # [bs] [c_i] int64
+    catchup_slots: list[np.ndarray | None] = field(default_factory=list)  # [bs] [c_i] int64
     catchup_hidden: list[torch.Tensor | None] = field(default_factory=list)  # [bs] [c_i, 3H]
     # Prefill (EXTEND) steps: draft extend over the chunk's first e_i positions with tokens
     # fill_ids[t + 1] (e_i = chunk length, minus 1 for the final chunk).

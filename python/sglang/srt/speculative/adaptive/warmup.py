@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
@@ -63,7 +64,8 @@ def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[[int, int]
         for i in range(bs):
             plan.catchup_ids.append([tok[i]] if d else [])
             plan.catchup_prefix_lens.append(n - 1 if d else 0)
-            plan.catchup_slots.append(slots[i * per_req + n - 1 : i * per_req + n] if d else None)
+            last = slots[i * per_req + n - 1 : i * per_req + n]
+            plan.catchup_slots.append(last.numpy().astype(np.int64) if d else None)
             plan.catchup_hidden.append(hidden if d else None)
         info = SamplingBatchInfo.from_rows(
             [SamplingRow(greedy, [tok[i]], [], i) for i in range(bs)], mc.vocab_size, worker.device
