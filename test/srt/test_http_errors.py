@@ -91,6 +91,8 @@ CASES = [
     (GEN, LP_START | {"logprob_start_len": 3}, 400, "logprob_start_len"),
     (GEN, LP_START | {"logprob_start_len": -5}, 400, "logprob_start_len"),
     (GEN, {"text": LONG_TEXT}, 400, "context length"),
+    (GEN, {"text": ["a", "b"], "sampling_params": [{}]}, 400, "one entry per prompt"),  # was 500
+    (GEN, {"text": "a", "sampling_params": [{}]}, 400, "sampling_params"),
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),
 ]

@@ -39,6 +39,8 @@ from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
 SEED_MASK = (1 << 62) - 1
+# GenerateReqInput fields that a batch may give per prompt (a list, one entry per prompt).
+_PER_PROMPT_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
 class QueueFullError(RuntimeError):
@@ -162,6 +164,17 @@ class TokenizerManager:
                 )
         if single and obj.rid is not None and not isinstance(obj.rid, str):
             raise ValueError("'rid' must be a string for a single prompt")
+        for name in _PER_PROMPT_FIELDS:
+            value = getattr(obj, name)
+            if not isinstance(value, list):
+                continue
+            if single:  # a list here was taken as one value (`[false]` turned logprobs on)
+                raise ValueError(f"'{name}' must not be a list for a single prompt")
+            if len(value) != obj.batch_size():  # was an IndexError (500) when shorter
+                raise ValueError(
+                    f"'{name}' must have one entry per prompt ({obj.batch_size()}) for a batch, "
+                    f"got {len(value)}"
+                )
         items = [obj] if single else [obj[i] for i in range(obj.batch_size())]
         if not items:
             raise ValueError("the batch of prompts is empty")
