@@ -49,3 +49,18 @@ def test_matching_lists_and_scalars_still_expand():
     assert all(i.top_logprobs_num == 3 for i in items)
     single = _expand(text="a", sampling_params={"max_new_tokens": 1}, return_logprob=True)
     assert len(single) == 1 and single[0].return_logprob is True
+
+
+def test_json_depth_check_is_iterative():
+    from sglang.srt.managers.request_validation import MAX_JSON_DEPTH, json_too_deep
+
+    def nested(depth: int) -> list:
+        v: list = []
+        for _ in range(depth - 1):
+            v = [v]
+        return v
+
+    assert not json_too_deep({"a": nested(MAX_JSON_DEPTH - 1)})
+    assert json_too_deep({"a": nested(MAX_JSON_DEPTH)})
+    assert json_too_deep({"a": [{"b": nested(100_000)}]})  # no RecursionError
+    assert not json_too_deep({"messages": [{"role": "user", "content": [{"text": "x"}]}]})

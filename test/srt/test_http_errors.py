@@ -26,6 +26,7 @@ def comp(**kw) -> dict:
 
 
 # (path, body: dict | bytes, status, text the error message must contain)
+DEEP_500 = b"[" * 500 + b"]" * 500 + b"}"  # a JSON list nested 500 levels, closing the body
 LP_START = {"input_ids": [1, 2, 3], "return_logprob": True}  # + a logprob_start_len
 CASES = [
     (CHAT, b'{"model": "default", "messages": [', 400, "json"),
@@ -93,6 +94,9 @@ CASES = [
     (GEN, {"text": LONG_TEXT}, 400, "context length"),
     (GEN, {"text": ["a", "b"], "sampling_params": [{}]}, 400, "one entry per prompt"),  # was 500
     (GEN, {"text": "a", "sampling_params": [{}]}, 400, "sampling_params"),
+    # nesting: 5000 levels were a RecursionError (500) on /generate, ~966 on the OpenAI routes
+    (GEN, b'{"text": "hi", "rid": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "user": ' + DEEP_500, 400, "nested"),
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),
 ]

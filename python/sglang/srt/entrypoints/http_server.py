@@ -44,7 +44,12 @@ from sglang.srt.entrypoints.openai.serving_base import (
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_validation import lone_surrogate_message, lone_surrogate_path
+from sglang.srt.managers.request_validation import (
+    json_too_deep,
+    json_too_deep_message,
+    lone_surrogate_message,
+    lone_surrogate_path,
+)
 from sglang.srt.metrics.collector import CONTENT_TYPE, TokenizerMetricsCollector
 from sglang.srt.server_args import ServerArgs
 
@@ -87,10 +92,12 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
     except orjson.JSONDecodeError as e:
         try:  # what the OpenAI routes (FastAPI: json.loads) also read: 1e400, NaN, 2**64 ...
             data = json.loads(body)  # ... which the field checks then refuse by name
-        except ValueError:
+        except (ValueError, RecursionError):
             raise OpenAIError(f"invalid JSON body: {e}", 400) from e
     if not isinstance(data, dict):
         raise OpenAIError("request body must be a JSON object", 400)
+    if json_too_deep(data):
+        raise OpenAIError(json_too_deep_message(), 400)
     bad = lone_surrogate_path(data)
     if bad is not None:
         raise OpenAIError(lone_surrogate_message(bad), 400, param=bad)
