@@ -190,6 +190,29 @@ def test_generate_logprobs(server):
     for (lp, tid, _), row in zip(lps, tops, strict=True):
         assert row[0][1] == tid and row[0][0] == pytest.approx(lp)  # greedy = top-1
         assert row[0][0] >= row[1][0] >= row[2][0]
+    assert all(t[2] is None for t in lps)  # token texts only on request
+
+
+def test_generate_logprobs_with_text(server, tiny_model_dir):
+    """return_text_in_logprobs fills each entry's third field with the token's text, as
+    upstream (it was accepted and ignored: every text was null)."""
+    from sglang.srt.utils.tokenizer import get_tokenizer
+
+    body = {
+        "text": "One two three",
+        "sampling_params": greedy(4),
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+    }
+    meta = server.post("/generate", body).json()["meta_info"]
+    assert len(meta["output_token_logprobs"]) == 4
+    tops = [row for row in meta["input_top_logprobs"] + meta["output_top_logprobs"] if row]
+    entries = meta["input_token_logprobs"] + meta["output_token_logprobs"] + sum(tops, [])
+    tok = get_tokenizer(tiny_model_dir, None)
+    for _lp, tid, text in entries:
+        assert text == tok.decode([tid])
 
 
 def _metric(text: str, name: str) -> float:
