@@ -81,6 +81,26 @@ class APIKeyMiddleware:
         return await self.app(scope, receive, send)
 
 
+class JSONBodyMiddleware:
+    """Pure ASGI middleware: a POST body is JSON whatever its Content-Type, as upstream's
+    handlers read it (`await request.json()`). `curl -d '{...}'` sends
+    application/x-www-form-urlencoded, for which FastAPI does not parse the body as JSON and
+    the OpenAI routes answered "the request body must be a JSON object"; such a request's
+    Content-Type is rewritten to application/json (every route here takes JSON only)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+            given = dict(scope.get("headers") or []).get(b"content-type", b"")
+            mime = given.split(b";", 1)[0].strip().lower()
+            if not (mime == b"application/json" or mime.endswith(b"+json")):
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        return await self.app(scope, receive, send)
+
+
 # ---- /generate body parsing ------------------------------------------------------------------
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
@@ -137,13 +157,11 @@ def _list_of(v: Any, typ: type) -> bool:
 # ---- app -------------------------------------------------------------------------------------
 def create_app(tokenizer_manager: Any, server_args: ServerArgs) -> FastAPI:
     """The FastAPI app serving `tokenizer_manager` (see module docstring for endpoints)."""
-    try:  # accept JSON bodies without a JSON Content-Type (curl -d), as upstream does
-        app = FastAPI(title="SGLang", openapi_url=None, strict_content_type=False)
-    except TypeError:  # FastAPI versions without the option are not strict
-        app = FastAPI(title="SGLang", openapi_url=None)
+    app = FastAPI(title="SGLang", openapi_url=None)
     tm = tokenizer_manager
     app.state.tm = tm
     install_error_handlers(app)
+    app.add_middleware(JSONBodyMiddleware)  # JSON bodies without a JSON Content-Type (curl -d)
     if server_args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
     collector = _init_metrics(tm, server_args)
