@@ -337,6 +337,7 @@ def _open_long_stream(server: ServerProcess, rid: str):
 
 
 def test_client_disconnect_frees_kv(server):
+    before = server.get("/metrics").text
     resp, _, per_token = _open_long_stream(server, "disconnect-me")
     state = server.internal_state()
     assert state["num_running_reqs"] == 1
@@ -344,6 +345,12 @@ def test_client_disconnect_frees_kv(server):
     remaining_s = (2000 - 6) * per_token  # how long the request would still run
     freed_after, _ = _wait_idle_and_no_leak(server, timeout_s=min(5.0, remaining_s / 2))
     assert freed_after < remaining_s / 2
+    # The request and the tokens it was sent are counted (they were not, unlike a request
+    # aborted through /abort_request)
+    after = server.get("/metrics").text
+    names = ("sglang:num_requests_total", "sglang:generation_tokens_total")
+    requests_, tokens = (_metric(after, n) - _metric(before, n) for n in names)
+    assert requests_ == 1 and 6 <= tokens < 2000
 
 
 def test_abort_request_endpoint(server):

@@ -145,6 +145,9 @@ class TokenizerManager:
                 state = self.rid_to_state.pop(rid, None)
                 if state is not None and not state.finished:
                     self._send(AbortReq(rid))
+                    # The client left: count the request and the tokens it got, as a request
+                    # aborted through /abort_request is (its state waits for the abort).
+                    self._observe_finished(state, time.perf_counter())
 
     @staticmethod
     def _n(obj: GenerateReqInput) -> int:
