@@ -5,6 +5,7 @@ keeps serving afterwards."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import aiohttp
@@ -26,6 +27,7 @@ def comp(**kw) -> dict:
 
 
 # (path, body: dict | bytes, status, text the error message must contain)
+DEEP_500 = b"[" * 500 + b"]" * 500 + b"}"  # a JSON list nested 500 levels, closing the body
 LP_START = {"input_ids": [1, 2, 3], "return_logprob": True}  # + a logprob_start_len
 CASES = [
     (CHAT, b'{"model": "default", "messages": [', 400, "json"),
@@ -91,6 +93,11 @@ CASES = [
     (GEN, LP_START | {"logprob_start_len": 3}, 400, "logprob_start_len"),
     (GEN, LP_START | {"logprob_start_len": -5}, 400, "logprob_start_len"),
     (GEN, {"text": LONG_TEXT}, 400, "context length"),
+    (GEN, {"text": ["a", "b"], "sampling_params": [{}]}, 400, "one entry per prompt"),  # was 500
+    (GEN, {"text": "a", "sampling_params": [{}]}, 400, "sampling_params"),
+    # nesting: 5000 levels were a RecursionError (500) on /generate, ~966 on the OpenAI routes
+    (GEN, b'{"text": "hi", "rid": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "user": ' + DEEP_500, 400, "nested"),
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),
 ]
@@ -239,6 +246,23 @@ def test_server_still_healthy_after_errors(server):
     assert requests.get(server.base_url + "/health_generate", timeout=60).status_code == 200
     r = _send(server, CHAT, chat(temperature=0))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("ctype", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_json_body_without_json_content_type(server, ctype):
+    """A JSON body is read as JSON whatever its Content-Type, as upstream: `curl -d` sends
+    application/x-www-form-urlencoded, which the OpenAI routes refused ("must be a JSON
+    object"). A body that is not JSON is still a 400."""
+    headers = {k: v for k, v in server.headers.items() if k.lower() != "content-type"}
+    if ctype is not None:
+        headers["Content-Type"] = ctype
+    gen_body = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    url = server.base_url
+    for path, body in [(CHAT, chat()), (COMP, comp()), (GEN, gen_body)]:
+        r = requests.post(url + path, data=json.dumps(body), headers=headers, timeout=60)
+        assert r.status_code == 200, (path, r.text)
+    r = requests.post(url + CHAT, data="model=default", headers=headers, timeout=60)
+    _assert_openai_error(r, 400, "json")
 
 
 def test_validation_error_names_param(server):

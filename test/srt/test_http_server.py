@@ -190,6 +190,29 @@ def test_generate_logprobs(server):
     for (lp, tid, _), row in zip(lps, tops, strict=True):
         assert row[0][1] == tid and row[0][0] == pytest.approx(lp)  # greedy = top-1
         assert row[0][0] >= row[1][0] >= row[2][0]
+    assert all(t[2] is None for t in lps)  # token texts only on request
+
+
+def test_generate_logprobs_with_text(server, tiny_model_dir):
+    """return_text_in_logprobs fills each entry's third field with the token's text, as
+    upstream (it was accepted and ignored: every text was null)."""
+    from sglang.srt.utils.tokenizer import get_tokenizer
+
+    body = {
+        "text": "One two three",
+        "sampling_params": greedy(4),
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "logprob_start_len": 0,
+        "return_text_in_logprobs": True,
+    }
+    meta = server.post("/generate", body).json()["meta_info"]
+    assert len(meta["output_token_logprobs"]) == 4
+    tops = [row for row in meta["input_top_logprobs"] + meta["output_top_logprobs"] if row]
+    entries = meta["input_token_logprobs"] + meta["output_token_logprobs"] + sum(tops, [])
+    tok = get_tokenizer(tiny_model_dir, None)
+    for _lp, tid, text in entries:
+        assert text == tok.decode([tid])
 
 
 def _metric(text: str, name: str) -> float:
@@ -314,6 +337,7 @@ def _open_long_stream(server: ServerProcess, rid: str):
 
 
 def test_client_disconnect_frees_kv(server):
+    before = server.get("/metrics").text
     resp, _, per_token = _open_long_stream(server, "disconnect-me")
     state = server.internal_state()
     assert state["num_running_reqs"] == 1
@@ -321,6 +345,12 @@ def test_client_disconnect_frees_kv(server):
     remaining_s = (2000 - 6) * per_token  # how long the request would still run
     freed_after, _ = _wait_idle_and_no_leak(server, timeout_s=min(5.0, remaining_s / 2))
     assert freed_after < remaining_s / 2
+    # The request and the tokens it was sent are counted (they were not, unlike a request
+    # aborted through /abort_request)
+    after = server.get("/metrics").text
+    names = ("sglang:num_requests_total", "sglang:generation_tokens_total")
+    requests_, tokens = (_metric(after, n) - _metric(before, n) for n in names)
+    assert requests_ == 1 and 6 <= tokens < 2000
 
 
 def test_abort_request_endpoint(server):

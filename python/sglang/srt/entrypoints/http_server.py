@@ -44,7 +44,12 @@ from sglang.srt.entrypoints.openai.serving_base import (
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_validation import lone_surrogate_message, lone_surrogate_path
+from sglang.srt.managers.request_validation import (
+    json_too_deep,
+    json_too_deep_message,
+    lone_surrogate_message,
+    lone_surrogate_path,
+)
 from sglang.srt.metrics.collector import CONTENT_TYPE, TokenizerMetricsCollector
 from sglang.srt.server_args import ServerArgs
 
@@ -76,6 +81,26 @@ class APIKeyMiddleware:
         return await self.app(scope, receive, send)
 
 
+class JSONBodyMiddleware:
+    """Pure ASGI middleware: a POST body is JSON whatever its Content-Type, as upstream's
+    handlers read it (`await request.json()`). `curl -d '{...}'` sends
+    application/x-www-form-urlencoded, for which FastAPI does not parse the body as JSON and
+    the OpenAI routes answered "the request body must be a JSON object"; such a request's
+    Content-Type is rewritten to application/json (every route here takes JSON only)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+            given = dict(scope.get("headers") or []).get(b"content-type", b"")
+            mime = given.split(b";", 1)[0].strip().lower()
+            if not (mime == b"application/json" or mime.endswith(b"+json")):
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        return await self.app(scope, receive, send)
+
+
 # ---- /generate body parsing ------------------------------------------------------------------
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
@@ -87,10 +112,12 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
     except orjson.JSONDecodeError as e:
         try:  # what the OpenAI routes (FastAPI: json.loads) also read: 1e400, NaN, 2**64 ...
             data = json.loads(body)  # ... which the field checks then refuse by name
-        except ValueError:
+        except (ValueError, RecursionError):
             raise OpenAIError(f"invalid JSON body: {e}", 400) from e
     if not isinstance(data, dict):
         raise OpenAIError("request body must be a JSON object", 400)
+    if json_too_deep(data):
+        raise OpenAIError(json_too_deep_message(), 400)
     bad = lone_surrogate_path(data)
     if bad is not None:
         raise OpenAIError(lone_surrogate_message(bad), 400, param=bad)
@@ -130,13 +157,11 @@ def _list_of(v: Any, typ: type) -> bool:
 # ---- app -------------------------------------------------------------------------------------
 def create_app(tokenizer_manager: Any, server_args: ServerArgs) -> FastAPI:
     """The FastAPI app serving `tokenizer_manager` (see module docstring for endpoints)."""
-    try:  # accept JSON bodies without a JSON Content-Type (curl -d), as upstream does
-        app = FastAPI(title="SGLang", openapi_url=None, strict_content_type=False)
-    except TypeError:  # FastAPI versions without the option are not strict
-        app = FastAPI(title="SGLang", openapi_url=None)
+    app = FastAPI(title="SGLang", openapi_url=None)
     tm = tokenizer_manager
     app.state.tm = tm
     install_error_handlers(app)
+    app.add_middleware(JSONBodyMiddleware)  # JSON bodies without a JSON Content-Type (curl -d)
     if server_args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
     collector = _init_metrics(tm, server_args)

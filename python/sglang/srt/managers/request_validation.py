@@ -11,6 +11,10 @@ from sglang.srt.sampling.sampling_params import SamplingParams, json_text
 MAX_TOP_LOGPROBS = 20
 # Most completions (choices) one request may ask for: n on every route.
 MAX_N = 128
+# Deepest nesting of lists / objects a request body may have (a chat body needs 5). Deeper ones
+# (a few hundred levels) made the recursive checks and repr() of error messages raise
+# RecursionError, an HTTP 500; json_too_deep refuses them first.
+MAX_JSON_DEPTH = 100
 
 
 def build_sampling_params(raw: dict | None, tokenizer, model_config: ModelConfig) -> SamplingParams:
@@ -160,6 +164,29 @@ def check_n(n: object) -> int:
     if not _is_int(n) or not 1 <= n <= MAX_N:
         raise ValueError(f"n must be an integer in [1, {MAX_N}], got {json_text(n)}")
     return n
+
+
+def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a decoded JSON value nests lists / objects more than `limit` levels deep (the
+    body itself is level 1). Iterative, so any depth is safe to check."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children)
+    return False
+
+
+def json_too_deep_message(limit: int = MAX_JSON_DEPTH) -> str:
+    """The one wording of the nesting-depth error (every route)."""
+    return f"invalid JSON body: lists / objects nested more than {limit} levels deep"
 
 
 def lone_surrogate_path(value: object, path: str = "") -> str | None:

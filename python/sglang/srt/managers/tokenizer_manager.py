@@ -9,7 +9,7 @@ import copy
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,8 @@ from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
 SEED_MASK = (1 << 62) - 1
+# GenerateReqInput fields that a batch may give per prompt (a list, one entry per prompt).
+_PER_PROMPT_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
 class QueueFullError(RuntimeError):
@@ -65,6 +67,7 @@ class ReqState:
     output_top_logprobs: list = field(default_factory=list)
     input_token_logprobs: list | None = None
     input_top_logprobs: list | None = None
+    text_in_logprobs: bool = False  # return_text_in_logprobs: fill each entry's token text
 
 
 class TokenizerManager:
@@ -75,6 +78,7 @@ class TokenizerManager:
         self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.chat_template)
         self.port_args = port_args
         self.rid_to_state: dict[str, ReqState] = {}
+        self._token_texts: dict[int, str] = {}  # _token_text's cache (at most the vocabulary)
         self.rng = random.Random(server_args.random_seed)
         self.metrics_collector: Any = None
         self.max_total_num_tokens: int | None = None
@@ -124,8 +128,8 @@ class TokenizerManager:
         singles = self._expand(obj)
         tokenized = [self._tokenize(o) for o in singles]  # validates all before sending any
         self._check_queue(len(tokenized))
-        for t in tokenized:
-            self._submit(t)
+        for o, t in zip(singles, tokenized, strict=True):
+            self._submit(t, text_in_logprobs=bool(o.return_text_in_logprobs))
         rids = [t.rid for t in tokenized]
         try:
             if len(rids) == 1 and obj.is_single() and not self._n(obj) > 1:
@@ -141,6 +145,9 @@ class TokenizerManager:
                 state = self.rid_to_state.pop(rid, None)
                 if state is not None and not state.finished:
                     self._send(AbortReq(rid))
+                    # The client left: count the request and the tokens it got, as a request
+                    # aborted through /abort_request is (its state waits for the abort).
+                    self._observe_finished(state, time.perf_counter())
 
     @staticmethod
     def _n(obj: GenerateReqInput) -> int:
@@ -162,6 +169,17 @@ class TokenizerManager:
                 )
         if single and obj.rid is not None and not isinstance(obj.rid, str):
             raise ValueError("'rid' must be a string for a single prompt")
+        for name in _PER_PROMPT_FIELDS:
+            value = getattr(obj, name)
+            if not isinstance(value, list):
+                continue
+            if single:  # a list here was taken as one value (`[false]` turned logprobs on)
+                raise ValueError(f"'{name}' must not be a list for a single prompt")
+            if len(value) != obj.batch_size():  # was an IndexError (500) when shorter
+                raise ValueError(
+                    f"'{name}' must have one entry per prompt ({obj.batch_size()}) for a batch, "
+                    f"got {len(value)}"
+                )
         items = [obj] if single else [obj[i] for i in range(obj.batch_size())]
         if not items:
             raise ValueError("the batch of prompts is empty")
@@ -236,10 +254,12 @@ class TokenizerManager:
                 f"{len(self.rid_to_state)} requests in flight); retry later"
             )
 
-    def _submit(self, t: TokenizedGenerateReqInput) -> None:
+    def _submit(self, t: TokenizedGenerateReqInput, text_in_logprobs: bool = False) -> None:
         if t.rid in self.rid_to_state:
             raise ValueError(f"'rid' {t.rid!r} is already in flight (duplicate request id)")
-        self.rid_to_state[t.rid] = ReqState(t.rid, len(t.input_ids), t.return_logprob)
+        self.rid_to_state[t.rid] = ReqState(
+            t.rid, len(t.input_ids), t.return_logprob, text_in_logprobs=text_in_logprobs
+        )
         if self.server_args.log_requests:
             logger.info("request %s: %d prompt tokens", t.rid, len(t.input_ids))
         self._send(t)
@@ -347,11 +367,22 @@ class TokenizerManager:
             **state.meta,
         }
         if state.return_logprob:
-            meta["input_token_logprobs"] = _with_text(state.input_token_logprobs or [])
-            meta["input_top_logprobs"] = [_with_text(t) for t in state.input_top_logprobs or []]
-            meta["output_token_logprobs"] = _with_text(state.output_token_logprobs)
-            meta["output_top_logprobs"] = [_with_text(t) for t in state.output_top_logprobs]
+            text = self._token_text if state.text_in_logprobs else None
+            meta["input_token_logprobs"] = _with_text(state.input_token_logprobs or [], text)
+            meta["input_top_logprobs"] = [
+                _with_text(t, text) for t in state.input_top_logprobs or []
+            ]
+            meta["output_token_logprobs"] = _with_text(state.output_token_logprobs, text)
+            meta["output_top_logprobs"] = [_with_text(t, text) for t in state.output_top_logprobs]
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    def _token_text(self, tid: int) -> str:
+        """One token's text, as upstream's return_text_in_logprobs gives it (its
+        tokenizer.batch_decode of single ids); cached per id."""
+        text = self._token_texts.get(tid)
+        if text is None:
+            text = self._token_texts[tid] = self.tokenizer.decode([tid])
+        return text
 
     # ---------------------------------------------------------------- control
     def abort_request(self, rid: str) -> None:
@@ -369,9 +400,11 @@ class TokenizerManager:
         return out.state
 
 
-def _with_text(pairs: list | None) -> list:
-    """Upstream's logprob entries are (logprob, token_id, token_text); text is None here
-    unless return_text_in_logprobs (the HTTP layer fills it)."""
+def _with_text(pairs: list | None, text: Callable[[int], str] | None = None) -> list:
+    """Upstream's logprob entries are (logprob, token_id, token_text); token_text is None
+    unless the request set return_text_in_logprobs (then `text` decodes one token id)."""
     if pairs is None:
         return None
-    return [(lp, tid, None) for lp, tid in pairs]
+    if text is None:
+        return [(lp, tid, None) for lp, tid in pairs]
+    return [(lp, tid, text(tid)) for lp, tid in pairs]

@@ -32,6 +32,8 @@ from sglang.srt.managers.request_validation import (
     MAX_N,
     MAX_TOP_LOGPROBS,
     check_n,
+    json_too_deep,
+    json_too_deep_message,
     lone_surrogate_message,
     lone_surrogate_path,
 )
@@ -121,7 +123,10 @@ class SamplingFields(BaseModel):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         """A string with a lone UTF-16 surrogate ("\\udc80" in the JSON) anywhere in the body
-        is a 400 naming its path (raised as OpenAIError, which pydantic does not wrap)."""
+        is a 400 naming its path (raised as OpenAIError, which pydantic does not wrap). A body
+        nested too deeply for that walk is a 400 too."""
+        if json_too_deep(data):
+            raise OpenAIError(json_too_deep_message(), 400)
         bad = lone_surrogate_path(data)
         if bad is not None:
             raise OpenAIError(lone_surrogate_message(bad), 400, param=bad)

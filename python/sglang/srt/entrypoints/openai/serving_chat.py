@@ -205,11 +205,13 @@ class OpenAIServingChat:
             text, start = out["text"], sent_text[idx]
             delta = text[start:] if len(text) >= start else ""
             sent_text[idx] = max(start, len(text))
-            lp = self._logprobs(req, meta, sent_lp.get(idx, 0))
-            sent_lp[idx] = len(meta.get("output_token_logprobs") or [])
             reason, matched = finish_reason(meta)
             if not delta and reason is None:
+                # Nothing to show yet (text held back: an incomplete UTF-8 character or a
+                # possible stop string); its tokens' logprobs go with the next chunk.
                 continue
+            lp = self._logprobs(req, meta, sent_lp.get(idx, 0))
+            sent_lp[idx] = len(meta.get("output_token_logprobs") or [])
             yield chunk(
                 [
                     {

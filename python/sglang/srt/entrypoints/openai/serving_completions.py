@@ -89,7 +89,11 @@ class OpenAIServingCompletion:
     def _prompt_text(self, p: str | list[int]) -> str:
         return p if isinstance(p, str) else self.tm.tokenizer.decode(p)
 
-    def _logprobs(self, req: CompletionRequest, meta: dict, echo: str | None, skip: int) -> Any:
+    def _logprobs(
+        self, req: CompletionRequest, meta: dict, echo: str | None, skip: int, offset: int = 0
+    ) -> Any:
+        """Logprobs of output entries from `skip` on (with the prompt's first when echoing);
+        text_offset counts from `offset`, the choice's characters before the first entry."""
         if req.logprobs is None:
             return None
         tok = self.tm.tokenizer
@@ -99,7 +103,7 @@ class OpenAIServingCompletion:
             entries = list(meta.get("input_token_logprobs") or []) + entries
             if tops is not None:
                 tops = list(meta.get("input_top_logprobs") or []) + tops
-        return _completion_logprobs(tok, entries, tops, 0)
+        return _completion_logprobs(tok, entries, tops, offset)
 
     def _response(self, req: CompletionRequest, outs: list[dict], echo: list[str] | None) -> dict:
         choices = []
@@ -130,6 +134,7 @@ class OpenAIServingCompletion:
     ) -> AsyncIterator[dict]:
         sent_text: dict[int, int] = {}
         sent_lp: dict[int, int] = {}
+        lp_offset: dict[int, int] = {}  # text_offset of each choice's next logprob entry
         metas: dict[int, dict] = {}
         created, cid = int(time.time()), "cmpl-" + next(iter(stream.rids), "")
         async for out in stream:
@@ -141,11 +146,15 @@ class OpenAIServingCompletion:
             delta = text[start:] if len(text) >= start else ""
             prefix = echo[idx // req.n] if (echo is not None and idx not in sent_text) else None
             sent_text[idx] = max(start, len(text))
-            lp = self._logprobs(req, meta, prefix, sent_lp.get(idx, 0))
-            sent_lp[idx] = len(meta.get("output_token_logprobs") or [])
             reason, matched = finish_reason(meta)
             if not delta and reason is None and prefix is None:
+                # Nothing to show yet (text held back: an incomplete UTF-8 character or a
+                # possible stop string); its tokens' logprobs go with the next chunk.
                 continue
+            lp = self._logprobs(req, meta, prefix, sent_lp.get(idx, 0), lp_offset.get(idx, 0))
+            sent_lp[idx] = len(meta.get("output_token_logprobs") or [])
+            if lp and lp["tokens"]:  # offsets continue across chunks, as in one response
+                lp_offset[idx] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             yield {
                 "id": cid,
                 "object": "text_completion",
