@@ -268,6 +268,8 @@ def test_json_body_without_json_content_type(server, ctype):
 def test_validation_error_names_param(server):
     err = _assert_openai_error(_send(server, CHAT, chat(top_p=2)), 400, "top_p")
     assert err["param"] == "top_p" and err["type"] == "invalid_request_error"
+    err = _assert_openai_error(_send(server, CHAT, chat(top_logprobs=3)), 400, "logprobs")
+    assert err["param"] == "top_logprobs"  # a check across fields names the one at fault
     err = _assert_openai_error(_send(server, CHAT, chat(model="nope")), 404, "nope")
     assert err["param"] == "model" and err["code"] == "model_not_found"
     # engine errors that quote the bad value still name the parameter, not the value

@@ -317,7 +317,9 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:  # OpenAI's rule (vLLM checks it too)
-            raise ValueError("'top_logprobs' needs 'logprobs': true")
+            # OpenAIError (pydantic passes it through): a model-level check has no field of
+            # its own in pydantic's error, and the body's param must still name it
+            raise OpenAIError("'top_logprobs' needs 'logprobs': true", 400, param="top_logprobs")
         return self
 
     def max_new_tokens(self) -> int | None:
