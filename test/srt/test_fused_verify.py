@@ -16,11 +16,11 @@ from sglang.test.triton_interpreter import DEVICE  # first: sets TRITON_INTERPRE
 
 pytest.importorskip("triton")
 
+from sglang.srt.layers.triton_kernels.verify import verify_greedy_fused  # noqa: E402
 from sglang.srt.speculative import eagle_worker_v2  # noqa: E402
 from sglang.srt.speculative.verify import (  # noqa: E402
     greedy_rows,
     packed_result,
-    verify_greedy_packed,
     verify_greedy_rows,
 )
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit  # noqa: E402
@@ -55,7 +55,7 @@ def test_fused_verify_equals_the_torch_path(seed):
     ref = packed_result(
         verify_greedy_rows(predict, ids, *map(torch.tensor, greedy_rows(lens)), width)
     )
-    got = verify_greedy_packed(
+    got = verify_greedy_fused(
         predict.to(DEVICE),
         ids.to(DEVICE),
         torch.tensor(starts, device=DEVICE),
@@ -71,7 +71,7 @@ def test_fused_verify_edges():
     # at the first miss)
     predict = torch.tensor([5, 6, 7, 9, 1, 2, 3])
     ids = torch.tensor([0, 5, 6, 4, 0, 1, 0])
-    got = verify_greedy_packed(
+    got = verify_greedy_fused(
         predict.to(DEVICE),
         ids.to(DEVICE),
         torch.tensor([0, 3, 4], device=DEVICE),

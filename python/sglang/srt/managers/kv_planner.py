@@ -46,12 +46,9 @@ class KVPlanner:
         starts[i] + lens[i]) live in the i-th run of `slots` ([sum(lens)] int64)."""
         self.req_to_token_pool.write_many([r.req_pool_idx for r in reqs], starts, lens, slots)
 
-    def req_slots(self, req: Req, start: int, end: int) -> torch.Tensor:
-        """KV slots ([end - start] int64 CPU) of tokens [start, end) of req."""
-        return self.req_to_token_pool.read(req.req_pool_idx, start, end)
-
     def req_slots_np(self, req: Req, start: int, end: int) -> np.ndarray:
-        """req_slots as a numpy int64 array (no torch call: per request in drafting steps)."""
+        """KV slots ([end - start] int64, a numpy array: no torch call, per request in
+        drafting steps) of tokens [start, end) of req."""
         return self.req_to_token_pool.read_np(req.req_pool_idx, start, end)
 
     def free_token_range(self, req: Req, start: int, end: int) -> None:

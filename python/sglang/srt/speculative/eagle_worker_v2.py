@@ -44,7 +44,6 @@ from sglang.srt.speculative.verify import (
     greedy_rows,
     packed_result,
     speculative_sample,
-    verify_greedy_packed,
     verify_greedy_rows,
 )
 from sglang.srt.utils.h2d import int64_to_device
@@ -358,8 +357,10 @@ class EAGLEWorkerV2:
         """Greedy verification of the step's [R, V] logits: [bs, 1 + max d + 1] int64 (accept
         lengths, output ids). lay: what int64_to_device moved for it (fused: each request's
         first verify row; else greedy_rows' three lists)."""
-        if fused:
-            return verify_greedy_packed(logits.argmax(-1), ids, lay[0], d_t, max(d) + 1)
+        if fused:  # imports triton: only on this path
+            from sglang.srt.layers.triton_kernels.verify import verify_greedy_fused
+
+            return verify_greedy_fused(logits.argmax(-1), ids, lay[0], d_t, max(d) + 1)
         return packed_result(verify_greedy_rows(logits.argmax(-1), ids, *lay, max(d) + 1))
 
     def _collect(self, mwb, logits, hidden, both, starts) -> GenerationBatchResult:

@@ -228,27 +228,12 @@ def greedy_rows(draft_lens: list[int]) -> tuple[list[int], list[int], list[int]]
 
 
 def greedy_fused_applies(device: torch.device) -> bool:
-    """The worker verifies greedy steps with the fused kernel (verify_greedy_packed): the
-    Triton kernels are enabled and the step runs on CUDA."""
+    """The worker verifies greedy steps with the fused kernel (verify_greedy_fused in
+    layers/triton_kernels/verify.py, the per-request layout instead of greedy_rows' lists):
+    the Triton kernels are enabled and the step runs on CUDA."""
     from sglang.srt.layers.triton_kernels import TRITON_KERNELS_ENABLED
 
     return TRITON_KERNELS_ENABLED and torch.device(device).type == "cuda"
-
-
-def verify_greedy_packed(
-    predict: torch.Tensor,
-    verify_ids: torch.Tensor,
-    starts: torch.Tensor,
-    lens: torch.Tensor,
-    width: int,
-) -> torch.Tensor:
-    """verify_greedy_rows from the per-request layout (first verify row, draft length) instead
-    of host-built gather lists, as one Triton kernel (layers/triton_kernels/verify.py). Returns
-    [bs, 1 + width] int64: packed_result(verify_greedy_rows(...)), the buffer the worker reads
-    back in one copy. Args as verify_greedy_fused."""
-    from sglang.srt.layers.triton_kernels.verify import verify_greedy_fused
-
-    return verify_greedy_fused(predict, verify_ids, starts, lens, width)
 
 
 def packed_result(vo: VerifyOutput) -> torch.Tensor:
