@@ -61,7 +61,6 @@ import time
 import torch
 from bench_common import (
     REPO,
-    PhaseTimers,
     llama_weight_bytes,
     measure_copy_bandwidth,
     run_meta,
@@ -69,6 +68,7 @@ from bench_common import (
     write_json,
 )
 from pyspy_sampling import py_spy_window, start_spy, stop_spy
+from ttft_timeline import step_timers, timeline_row
 
 DEFAULT_MODEL = f"{REPO}/benchmark/configs/llama31_8b_dummy"
 
@@ -210,8 +210,8 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
     ms: list[float] = []
     running: list[int] = []  # decoding requests at each round's submission (drafting modes
     # commit up to K + 1 tokens per step and may finish the batch early)
-    timeline: list[list[dict]] = []  # per round, per scheduler step (see _timeline_row)
-    timers = _step_timers(sched)
+    timeline: list[list[dict]] = []  # per round, per scheduler step (ttft_timeline.py)
+    timers = step_timers(sched)
     prof = None
     cprof = cProfile.Profile() if a.cprofile else None
     spy = None
@@ -246,7 +246,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
             s0 = time.perf_counter()
             batch = sched.step()
             collect(sched, outputs)
-            steps.append(_timeline_row(batch, s0, t0, timers))
+            steps.append(timeline_row(batch, s0, t0, timers))
         ms.append(1e3 * (time.perf_counter() - t0))
         timeline.append(steps)
         if cprof is not None:
@@ -273,38 +273,6 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
                 sort_by="self_cuda_time_total", row_limit=30
             ).splitlines()
     return out
-
-
-def _step_timers(sched) -> PhaseTimers:
-    """The scheduler's phases within each step of the TTFT rounds: building the next batch
-    (BatchBuilder.get_next_batch_to_run, drains included), launching it and resolving the
-    previous one (the overlap client's calls; the worker's call without overlap), committing
-    results."""
-    client = sched.worker_client
-    targets = [(sched.builder, "get_next_batch_to_run", "build")]
-    if client is not None:
-        targets += [
-            (client, "forward_batch_generation_async", "launch"),
-            (client, "resolve", "resolve"),
-        ]
-    else:
-        targets.append((sched.tp_worker, "forward_batch_generation", "launch"))
-    targets.append((sched.outputs, "process_batch_result", "commit"))
-    return PhaseTimers(targets)
-
-
-def _timeline_row(batch, s0: float, t0: float, timers: PhaseTimers) -> dict:
-    """One scheduler step of a TTFT round: what it launched, its start and length (ms) and
-    its phases (_step_timers)."""
-    row = {
-        "start_ms": round(1e3 * (s0 - t0), 3),
-        "ms": round(1e3 * (time.perf_counter() - s0), 3),
-        "mode": batch.forward_mode.name if batch is not None else None,
-        "bs": len(batch.reqs) if batch is not None else 0,
-        "draft_tokens": sum(getattr(r, "draft_len", 0) for r in batch.reqs) if batch else 0,
-    }
-    row.update(timers.take())
-    return row
 
 
 def _step_profile(sched, a: argparse.Namespace) -> dict:
