@@ -85,10 +85,11 @@ launch_ab() {  # SmolLM2 server sweeps with SGLANG_OVERLAP_THREAD=0 then 1 (the 
 
 case "$PART" in
   T)
-    timeout -k 5 540 python3 -m pytest test/srt/test_draft_state.py test/srt/test_spec_engine.py \
+    timeout -k 5 "${T_BOX_S:-540}" python3 -m pytest test/srt/test_fused_verify.py test/srt/test_draft_state.py \
+      test/srt/test_spec_engine.py \
       test/srt/test_overlap_schedule.py test/srt/test_triton_gemv.py test/srt/test_kv_store.py \
       test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \
-      test/srt/test_output_messages.py test/srt/test_detokenizer.py test/srt/test_fused_verify.py \
+      test/srt/test_output_messages.py test/srt/test_detokenizer.py \
       -q -p no:cacheprovider --timeout 300 -rf --tb=short > "$D/gpu_validate_$TAG.log" 2>&1
     echo "tests rc=$?"; tail -5 "$D/gpu_validate_$TAG.log"
     ;;
