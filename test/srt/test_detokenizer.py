@@ -212,7 +212,40 @@ def test_backend_decode_equals_tokenizer_decode(tokenizer) -> None:
             assert fast(ids, skip_special_tokens=skip) == tokenizer.decode(
                 ids, skip_special_tokens=skip
             )
+    # With the clean-up flag set, the fast path is taken only where decode ignores the flag
+    # (transformers 5.17 does for BPE tokenizers): either way it must equal tokenizer.decode.
     cleaning = copy.copy(tokenizer)
     cleaning.clean_up_tokenization_spaces = True
-    assert backend_decode(cleaning) is None
+    probe = cleaning.encode("a . b n't c", add_special_tokens=False)
+    cleans = cleaning.decode(probe) != tokenizer.backend_tokenizer.decode(probe)
+    assert (backend_decode(cleaning) is None) == cleans
     assert backend_decode(object()) is None  # not a transformers fast tokenizer
+
+
+def test_backend_decode_refuses_a_decode_that_cleans_up() -> None:
+    """A tokenizer whose decode cleans up tokenization spaces (transformers' clean-up applied
+    to the backend's text, as a WordPiece tokenizer with the flag does) keeps the slow path."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.detokenizer_manager import backend_decode
+
+    words = "a . b , c ! d ? e n't f 'm g 's h 've i 're j".split(" ")
+    backend = SimpleNamespace(
+        decode=lambda ids, skip_special_tokens=True: " ".join(words[i] for i in ids)
+    )
+
+    def cleaned(ids, **kw):
+        text = backend.decode(ids)
+        for a, b in ((" .", "."), (" ,", ","), (" !", "!"), (" ?", "?"), (" n't", "n't")):
+            text = text.replace(a, b)
+        return text
+
+    tok = SimpleNamespace(
+        _tokenizer=backend,
+        clean_up_tokenization_spaces=True,
+        encode=lambda text, add_special_tokens=False: [words.index(w) for w in text.split(" ")],
+        decode=cleaned,
+    )
+    assert backend_decode(tok) is None
+    tok.decode = lambda ids, **kw: backend.decode(ids)  # flag set, but ignored
+    assert backend_decode(tok) is backend.decode
