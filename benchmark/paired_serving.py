@@ -29,6 +29,13 @@ cores, and --client-cpus pins this process: servers side by side then do not sha
 each other or with the client (in the eleventh session's py-spy of both SmolLM2 servers at
 c = 16, the adaptive scheduler needed about 40% more busy samples than the plain one for the
 same steps, in every phase alike, its pure-Python output flush included).
+Points are longer than sweep_serving.py's by default (at least 24 prompts and 8 per unit of
+concurrency, against 16 and 2): in the twelfth session's A/A run (a second no_spec server as a
+third configuration, `paired_smollm2_bisect_h200_s12.json`), points of 0.5-1.5 s let two
+identical servers differ by up to 1.8x in one round and 0.82-0.94 in the median over four;
+with the longer points (`paired_smollm2_aa_h200_s12.json`) the A/A medians were 0.86-1.20, so
+a ratio read from these runs carries about that much noise. `--add-config no_spec_b=` adds
+such an A/A control.
 Time-boxed by --deadline-s (the points left are recorded as skipped). A server that fails to
 start stops the run (its error and log tail under `configs`); an interrupt (SIGTERM, Ctrl-C) or
 a failure outside a point is recorded as `error`; every server started is killed either way.
@@ -243,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         "there only, so side-by-side servers do not share cores",
     )
     p.add_argument("--client-cpus", default=None, help="CPU list for this benchmark process")
+    p.set_defaults(min_prompts=24, prompts_per_concurrency=8)  # longer points (docstring)
     args = p.parse_args(argv)
     if args.config_budget_s is not None:
         raise SystemExit("--config-budget-s is sweep_serving.py's; a paired run has --deadline-s")
