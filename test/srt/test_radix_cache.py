@@ -390,3 +390,113 @@ def test_req_to_token_write_many_equals_one_write_per_request():
             e.write(r, s0, v.view(1))
         assert torch.equal(d.req_to_token, e.req_to_token)
         assert torch.equal(d.req_to_token_cpu, e.req_to_token)
+
+
+def _draft_ok_edges(cache: RadixCache) -> list[tuple[list[int], bool]]:
+    out, stack = [], list(cache.root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append((node.key, node.draft_ok))
+        stack.extend(node.children.values())
+    return sorted(out)
+
+
+def test_draft_valid_boundary_splits_matches_and_upgrades():
+    """A request whose draft KV is valid for its first 3 of 6 tokens caches all 6 (target KV,
+    as a plain server would), the last 3 marked draft-invalid: a plain match takes 6 and
+    reports 3 draft-valid, a draft_only match stops at 3. A later request with valid draft KV
+    over the same tokens, while nobody locks them, upgrades the edge: the tree takes its slots
+    and frees its own."""
+    sim = Sim()
+    toks = [1, 2, 3, 4, 5, 6]
+    a = sim.start(toks)
+    assert sim.compute(a, 6)
+    a_slots = sim.row(a)
+    sim.cache.cache_finished_req(a.pool_idx, toks, a.last_node, draft_valid_len=3)
+    sim.req_pool.free(a.pool_idx)
+    sim.running.remove(a)
+    sim.check()
+    assert _draft_ok_edges(sim.cache) == [([1, 2, 3], True), ([4, 5, 6], False)]
+    m = sim.cache.match_prefix(toks + [7])
+    assert m.device_indices.tolist() == a_slots and m.draft_valid_len == 3
+    m = sim.cache.match_prefix(toks + [7], draft_only=True)
+    assert m.device_indices.tolist() == a_slots[:3] and m.draft_valid_len == 3
+    assert sim.cache.path_draft_valid_len(m.last_node, 3) == 3
+
+    # b recomputes tokens 4..8 (its match stopped where the draft KV did), draft-valid to 7
+    m = sim.cache.match_prefix(toks + [7, 8], draft_only=True)
+    sim.cache.inc_lock_ref(m.last_node)
+    (idx,) = sim.req_pool.alloc(1)
+    sim.req_pool.write(idx, 0, m.device_indices)
+    b = Req(toks + [7, 8], idx, prefix_len=3, filled=3, last_node=m.last_node)
+    sim.running.append(b)
+    assert sim.compute(b, 5)
+    b_slots = sim.row(b)
+    free_before = sim.alloc.available_size()
+    sim.cache.cache_finished_req(b.pool_idx, b.tokens, b.last_node, draft_valid_len=7)
+    sim.req_pool.free(b.pool_idx)
+    sim.running.remove(b)
+    sim.check()
+    # tokens 4-6 now use b's slots (draft-valid), a's were freed; 7 valid, 8 not
+    assert sim.cache.match_prefix(b.tokens).device_indices.tolist() == b_slots
+    assert sim.alloc.available_size() == free_before + 3
+    assert set(a_slots[3:]) <= set(sim.alloc.free_slots.tolist())
+    assert _draft_ok_edges(sim.cache) == [
+        ([1, 2, 3], True),
+        ([4, 5, 6], True),
+        ([7], True),
+        ([8], False),
+    ]
+    assert sim.cache.match_prefix(b.tokens, draft_only=True).draft_valid_len == 7
+
+
+def test_locked_draft_invalid_edge_is_not_upgraded():
+    """An edge without draft KV that a running request holds keeps its slots: a request with
+    valid draft KV over it gives up its duplicates (as for any cached prefix) and, after a
+    mid-prompt cache_unfinished_req, learns that its row's draft KV is valid only before it."""
+    sim = Sim()
+    toks = [1, 2, 3, 4, 5, 6]
+    a = sim.start(toks)
+    assert sim.compute(a, 6)
+    sim.cache.cache_finished_req(a.pool_idx, toks, a.last_node, draft_valid_len=2)
+    sim.req_pool.free(a.pool_idx)
+    sim.running.remove(a)
+    holder = sim.start(toks + [9])  # takes the whole prefix, draft-invalid part included
+    assert holder.prefix_len == 6
+    m = sim.cache.match_prefix(toks + [7], draft_only=True)
+    sim.cache.inc_lock_ref(m.last_node)
+    (idx,) = sim.req_pool.alloc(1)
+    sim.req_pool.write(idx, 0, m.device_indices)
+    c = Req(toks + [7], idx, prefix_len=2, filled=2, last_node=m.last_node)
+    sim.running.append(c)
+    assert sim.compute(c, 5)
+    tree_before = _draft_ok_edges(sim.cache)
+    sim.cache_chunk(c)  # c's draft KV is valid for all 7 of its tokens
+    sim.check()
+    assert _draft_ok_edges(sim.cache) == [([1, 2], True), ([3, 4, 5, 6], False), ([7], True)]
+    assert tree_before[1] == ([3, 4, 5, 6], False)
+    assert sim.cache.path_draft_valid_len(c.last_node, 7) == 2
+    for r in list(sim.running):
+        sim.finish(r)
+    sim.check()
+
+
+def test_own_draft_invalid_edge_is_marked_valid_though_locked():
+    """A chunked request caches its first chunk before its draft caught up (draft-invalid,
+    locked by itself); once its draft KV is valid in those same slots, its final insert marks
+    the edge valid without moving any slot."""
+    sim = Sim()
+    toks = [1, 2, 3, 4, 5, 6]
+    a = sim.start(toks)
+    assert sim.compute(a, 4)
+    a.last_node = sim.cache.cache_unfinished_req(a.pool_idx, toks[:4], a.last_node, 0)[1]
+    a.prefix_len = 4
+    assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4], False)]
+    assert sim.compute(a, 2)
+    row = sim.row(a)
+    sim.cache.cache_finished_req(a.pool_idx, toks, a.last_node, draft_valid_len=5)
+    sim.req_pool.free(a.pool_idx)
+    sim.running.remove(a)
+    sim.check()
+    assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4], True), ([5], True), ([6], False)]
+    assert sim.cache.match_prefix(toks).device_indices.tolist() == row

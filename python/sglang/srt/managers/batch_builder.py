@@ -135,12 +135,17 @@ class BatchBuilder:
 
     def match_prefix(self, req: Req) -> torch.Tensor:
         """Cached prefix slots usable by req: at least one token must be computed (to get its
-        logits), and none of the prompt tokens whose logprobs were asked for."""
-        res = self.s.tree_cache.match_prefix(req.fill_ids)
+        logits), and none of the prompt tokens whose logprobs were asked for. With speculation,
+        the prefix stops where the cached draft KV does unless the scheduler's speculative half
+        says the target's alone will do (SpecScheduler.takes_target_only_prefix)."""
+        spec = self.s.spec
+        draft_only = spec is not None and not spec.takes_target_only_prefix()
+        res = self.s.tree_cache.match_prefix(req.fill_ids, draft_only=draft_only)
         limit = req.seqlen - 1
         if req.wants_input_logprobs():
             limit = min(limit, req.logprob_start_len)
         req.last_node = res.last_node
+        req.prefix_draft_valid_len = min(res.draft_valid_len, limit)
         return res.device_indices[:limit]
 
     def admit(self, req: Req, prefix: torch.Tensor) -> None:

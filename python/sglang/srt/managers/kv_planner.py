@@ -58,15 +58,15 @@ class KVPlanner:
 
     def release(self, req: Req) -> None:
         """A request leaves the running set (finished, aborted or retracted): its KV of
-        fill_ids[:cacheable_len] goes to the prefix cache (or is freed), the rest of its KV is
-        freed, and its request slot is freed. With speculation, only positions whose draft KV
-        is valid too are cacheable (a prefix hit must give correct draft state)."""
+        fill_ids[:kv_len] goes to the prefix cache (or is freed) and its request slot is
+        freed. With speculation the cache also learns how much of it has valid draft KV
+        (req.draft_valid_len()): a prefix hit beyond that serves the target only."""
         if req.req_pool_idx is None:
             return
-        keep = req.cacheable_len()
-        self.free_token_range(req, keep, req.kv_len)
-        tokens = req.fill_ids[:keep]
-        self.tree_cache.cache_finished_req(req.req_pool_idx, tokens, req.last_node)
+        tokens = req.fill_ids[: req.kv_len]
+        self.tree_cache.cache_finished_req(
+            req.req_pool_idx, tokens, req.last_node, req.draft_valid_len()
+        )
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
         req.last_node = None

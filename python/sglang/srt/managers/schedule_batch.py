@@ -68,6 +68,8 @@ class Req:
         self.kv_len = 0  # tokens of fill_ids whose KV is in the pool
         self.prefix_indices = torch.empty(0, dtype=torch.int64)  # radix-shared prefix slots
         self.last_node: Any = None  # radix node locked by this request
+        # leading tokens of the matched prefix whose draft KV is valid too (speculation)
+        self.prefix_draft_valid_len = 0
         self.cached_tokens = 0  # prompt tokens served from the radix cache (reported)
 
         # This step's plan
@@ -135,8 +137,9 @@ class Req:
             and 0 <= self.logprob_start_len < len(self.origin_input_ids)
         )
 
-    def cacheable_len(self) -> int:
-        """Tokens whose KV may enter the prefix cache (target and, if speculating, draft)."""
+    def draft_valid_len(self) -> int:
+        """Leading tokens of fill_ids whose draft-model KV is valid too (kv_len without
+        speculation): what the prefix cache may mark as usable for drafting."""
         if self.draft is None:
             return self.kv_len
         return min(self.kv_len, self.draft.draft_kv_len)
@@ -202,8 +205,12 @@ class GenerationBatchResult:
     forward_time_s: float = 0.0
     # Speculative steps: per-request accepted runs (replaces next_token_ids) ...
     spec: Any = None  # SpecStepOutput | None
-    # ... and, for prefill steps, the target hidden state the draft still has to consume.
-    draft_hidden: list[torch.Tensor | None] | None = None  # [bs] [1, 3H] or None
+    # ... and, for prefill steps, the target hidden states the draft still has to consume,
+    # [bs]: the aux hidden states a prefill chunk leaves pending for the draft: all [n_i, 3H]
+    # rows where the draft extend was deferred (SpecPlan.draft_keep_rows), else the last
+    # position's [1, 3H] after a final chunk, else None
+    draft_hidden: list[torch.Tensor | None] | None = None
+    draft_keep_rows: list[bool] | None = None  # [bs] the plan's SpecPlan.draft_keep_rows
 
 
 @dataclass

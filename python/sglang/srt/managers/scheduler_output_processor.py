@@ -98,9 +98,14 @@ class OutputProcessor:
             if not batch.is_final_chunk[i]:
                 # Mid-prompt chunk: share what is computed so far through the prefix cache.
                 idx, node = s.tree_cache.cache_unfinished_req(
-                    req.req_pool_idx, req.fill_ids[: req.kv_len], req.last_node
+                    req.req_pool_idx,
+                    req.fill_ids[: req.kv_len],
+                    req.last_node,
+                    req.draft_valid_len(),
                 )
                 req.prefix_indices, req.last_node = idx, node
+                if s.spec is not None:  # the rewritten row's draft KV may be valid for less
+                    s.spec.limit_draft_kv(req, s.tree_cache.path_draft_valid_len(node, req.kv_len))
                 s.chunked_req = req
                 continue
             if req.sampling_params.max_new_tokens == 0:  # prompt only (e.g. prompt logprobs)

@@ -41,6 +41,7 @@ class SpecScheduler:
             "spec_proposed_drafts": 0,
             "spec_accepted_drafts": 0,
             "spec_last_step_share_drafting": 0.0,
+            "spec_deferred_draft_extends": 0,  # prefill chunks whose draft extend was deferred
         }
         self.accept_histogram = [0] * (self.num_steps + 1)
         self.num_decode_commits = 0  # sets the compaction cadence (every COMPACT_CHUNKS)
@@ -63,10 +64,49 @@ class SpecScheduler:
         req.spec_accept_histogram = [0] * (self.num_steps + 1)
 
     def on_admit(self, req: Req) -> None:
-        """The cached prefix carries valid draft KV (only such prefixes are cached)."""
-        req.draft.draft_kv_len = req.kv_len
+        """The cached prefix carries valid draft KV for its first req.prefix_draft_valid_len
+        tokens. A longer prefix (taken while speculation is off, takes_target_only_prefix)
+        leaves the draft no hidden states to catch up with: the request never drafts."""
+        valid = min(req.kv_len, req.prefix_draft_valid_len)
+        req.draft.draft_kv_len = valid
+        if valid < req.kv_len:
+            req.draft.stale = True
         if self.adaptive is not None:
             self.adaptive.on_admit(req.req_pool_idx)
+
+    def limit_draft_kv(self, req: Req, valid: int) -> None:
+        """req's KV slots now hold valid draft KV for its first `valid` positions only (the
+        prefix cache swapped in slots of target-only KV): it stops drafting for good unless
+        its draft KV already ended there."""
+        d = req.draft
+        if valid < d.draft_kv_len:
+            d.draft_kv_len = valid
+            d.clear()
+            d.stale = True
+
+    def takes_target_only_prefix(self) -> bool:
+        """Whether new requests may take cached prefixes without valid draft KV (and prefills
+        may defer their draft extend): while the adaptive controller keeps choosing no drafts
+        at all (AdaptiveController.drafting_off), as a server without speculation would."""
+        return self.adaptive is not None and self.adaptive.drafting_off()
+
+    def defers_draft_extend(self, req: Req, n: int) -> bool:
+        """Whether req's prefill chunk of n tokens skips the draft extend and keeps its n aux
+        hidden states pending instead (the catch-up of its first drafting step consumes them,
+        as for positions decoded without drafting). Deferred while speculation is off, and
+        always once a request's draft lags (an extend would build on draft KV it lacks); not
+        beyond MAX_PENDING_HIDDEN pending rows (the draft extend runs, or, if the draft
+        already lags, the request stops drafting for good)."""
+        d = req.draft
+        lagging = d.draft_kv_len < req.kv_len
+        if not lagging and not self.takes_target_only_prefix():
+            return False
+        if d.num_pending + n <= MAX_PENDING_HIDDEN:
+            return True
+        if lagging:
+            d.clear()
+            d.stale = True
+        return False
 
     # ---------------------------------------------------------------- decide
     def draft_len_cap(self, req: Req) -> int:
@@ -95,12 +135,20 @@ class SpecScheduler:
     def build_plan(self, batch: ScheduleBatch) -> SpecPlan:
         kv = self.s.kv
         if batch.forward_mode == ForwardMode.EXTEND:
-            ext = []
+            ext, keep = [], []
             for req, final in zip(batch.reqs, batch.is_final_chunk, strict=True):
                 start, n = req.kv_len, req.extend_input_len
+                deferred = not req.draft.stale and self.defers_draft_extend(req, n)
+                keep.append(deferred)
+                self.stats["spec_deferred_draft_extends"] += deferred
+                if deferred or req.draft.stale:  # a stale draft is never read again
+                    ext.append([])
+                    continue
                 e = n - 1 if final else n
                 ext.append(req.fill_ids[start + 1 : start + 1 + e])
-            return SpecPlan(draft_lens=[0] * len(batch.reqs), draft_extend_ids=ext)
+            return SpecPlan(
+                draft_lens=[0] * len(batch.reqs), draft_extend_ids=ext, draft_keep_rows=keep
+            )
         plan = SpecPlan(draft_lens=[r.draft_len for r in batch.reqs])
         if not any(plan.draft_lens):  # a plain step: no catch-up lists (nothing reads them)
             return plan
@@ -123,8 +171,16 @@ class SpecScheduler:
         self, req: Req, start: int, final: bool, result: GenerationBatchResult, i: int
     ) -> None:
         """After a prefill chunk: the draft extend covered the chunk (but its last position
-        when final, whose target hidden state stays pending until the first draft step)."""
+        when final, whose target hidden state stays pending until the first draft step), or,
+        deferred, all the chunk's hidden states stay pending."""
         d = req.draft
+        if d.stale:
+            return
+        keep = result.draft_keep_rows
+        if keep is not None and keep[i]:
+            rows = result.draft_hidden[i]
+            d.append_rows(rows, 0, rows.shape[0], MAX_PENDING_HIDDEN)
+            return
         d.draft_kv_len = req.kv_len - (1 if final else 0)
         d.clear()
         if final and result.draft_hidden is not None and result.draft_hidden[i] is not None:

@@ -35,10 +35,13 @@ class MatchPrefixResult:
 
     device_indices: [n] int64 CPU, KV slots of the n longest cached prefix tokens of the key.
     last_node: the tree node where the match ends (a dummy node for ChunkCache).
+    draft_valid_len: the first draft_valid_len <= n of them hold valid draft-model KV too
+        (speculative decoding; n without it).
     """
 
     device_indices: torch.Tensor
     last_node: TreeNode
+    draft_valid_len: int = 0
 
 
 class BasePrefixCache(ABC):
@@ -59,27 +62,42 @@ class BasePrefixCache(ABC):
         """Drop every cached entry without freeing slots (the scheduler clears the pools)."""
 
     @abstractmethod
-    def match_prefix(self, key: list[int]) -> MatchPrefixResult:
-        """Longest cached prefix of `key` (token ids); refreshes its LRU access time."""
+    def match_prefix(self, key: list[int], draft_only: bool = False) -> MatchPrefixResult:
+        """Longest cached prefix of `key` (token ids); refreshes its LRU access time. With
+        draft_only, the longest whose draft-model KV is valid too."""
 
     @abstractmethod
     def cache_finished_req(
-        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+        self,
+        req_pool_idx: int,
+        token_ids: list[int],
+        last_node: TreeNode,
+        draft_valid_len: int | None = None,
     ) -> None:
         """Hand a finished request's KV to the cache and release its lock on `last_node`.
 
         req_to_token[req_pool_idx, :len(token_ids)] must hold the KV slots of `token_ids`. Slots
-        beyond that and the request slot itself stay the scheduler's to free.
+        beyond that and the request slot itself stay the scheduler's to free. The draft-model
+        KV is valid for token_ids[:draft_valid_len] (None: all).
         """
 
     @abstractmethod
     def cache_unfinished_req(
-        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+        self,
+        req_pool_idx: int,
+        token_ids: list[int],
+        last_node: TreeNode,
+        draft_valid_len: int | None = None,
     ) -> tuple[torch.Tensor, TreeNode]:
         """Cache a running request's KV (after a prefill chunk); the request keeps a lock.
 
         Returns (prefix indices [len(token_ids)] int64 CPU, new last node, now locked).
         """
+
+    def path_draft_valid_len(self, node: TreeNode, n: int) -> int:
+        """Of the n tokens up to `node` (as returned by cache_unfinished_req), how many lead
+        with valid draft-model KV in the slots the request now uses (all n by default)."""
+        return n
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode) -> None:

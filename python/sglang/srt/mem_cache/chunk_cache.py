@@ -30,18 +30,26 @@ class ChunkCache(BasePrefixCache):
     def reset(self) -> None:
         self.dummy_node = TreeNode()
 
-    def match_prefix(self, key: list[int]) -> MatchPrefixResult:
-        """Always an empty match: ([0] int64 CPU, dummy node)."""
-        return MatchPrefixResult(torch.empty(0, dtype=torch.int64), self.dummy_node)
+    def match_prefix(self, key: list[int], draft_only: bool = False) -> MatchPrefixResult:
+        """Always an empty match: ([0] int64 CPU, dummy node, 0)."""
+        return MatchPrefixResult(torch.empty(0, dtype=torch.int64), self.dummy_node, 0)
 
     def cache_finished_req(
-        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+        self,
+        req_pool_idx: int,
+        token_ids: list[int],
+        last_node: TreeNode,
+        draft_valid_len: int | None = None,
     ) -> None:
         """Free req_to_token[req_pool_idx, :len(token_ids)] to the allocator."""
         self.token_to_kv_pool_allocator.free(self._req_kv(req_pool_idx, len(token_ids)))
 
     def cache_unfinished_req(
-        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+        self,
+        req_pool_idx: int,
+        token_ids: list[int],
+        last_node: TreeNode,
+        draft_valid_len: int | None = None,
     ) -> tuple[torch.Tensor, TreeNode]:
         """Returns (req_to_token[req_pool_idx, :len(token_ids)] as [n] int64 CPU, dummy node)."""
         return self._req_kv(req_pool_idx, len(token_ids)), self.dummy_node

@@ -8,6 +8,17 @@ to their last node (`lock_ref`); only unlocked leaves are evicted, oldest access
 
 Ownership: slots stored in the tree belong to the cache until evicted (then freed to the
 allocator). See base_prefix_cache.py for the full ownership and locking contract.
+
+Draft KV (speculative decoding; not upstream): the draft model's KV lives at the same slots as
+the target's, and a request's draft may lag behind its target KV (positions decoded or
+prefilled while it did not draft). Each node records whether its slots hold valid draft KV too
+(`draft_ok`). A request inserts its target KV with the length of its draft-valid prefix: edges
+past it are added with draft_ok False (split at the boundary), so the target KV is cached as
+a plain server would cache it. A later insert whose draft is valid over a draft_ok False edge
+that no request locks upgrades it: the tree takes that request's slots and frees its own
+(or, when the slots are already the request's own, just marks them).
+`match_prefix(key, draft_only=True)` stops at the first such edge (a request that will draft
+recomputes the rest); every match reports `draft_valid_len`.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ class TreeNode:
         self.key: list[int] = []  # token ids of this edge
         self.value: torch.Tensor = _EMPTY  # [len(key)] int64 CPU, KV slots of `key`
         self.lock_ref = 0  # number of requests whose locked path goes through this node
+        self.draft_ok = True  # `value` slots hold the draft model's KV of `key` too
         self.last_access_time = 0  # logical clock of the cache (larger = more recent)
 
     def __lt__(self, other: TreeNode) -> bool:
@@ -82,28 +94,44 @@ class RadixCache(BasePrefixCache):
         return self._protected_size
 
     # ---- lookup and insertion ----------------------------------------------------------------
-    def match_prefix(self, key: list[int]) -> MatchPrefixResult:
-        """Longest cached prefix of `key`.
+    def match_prefix(self, key: list[int], draft_only: bool = False) -> MatchPrefixResult:
+        """Longest cached prefix of `key` (with draft_only, longest whose draft KV is valid).
 
-        Returns MatchPrefixResult(device_indices [n] int64 CPU, last_node) where n is the prefix
-        length; last_node ends exactly at token n (an edge is split if the match stops inside it).
+        Returns MatchPrefixResult(device_indices [n] int64 CPU, last_node, draft_valid_len)
+        where n is the prefix length; last_node ends exactly at token n (an edge is split if
+        the match stops inside it); the first draft_valid_len <= n tokens have valid draft KV.
         Every node on the path gets a fresh access time. Does not lock anything.
         """
         now = self._tick()
         node, values, pos = self.root, [], 0
+        draft_valid = None  # position of the first draft_ok False edge on the path
         node.last_access_time = now
         while pos < len(key):
             child = node.children.get(key[pos])
-            if child is None:
+            if child is None or (draft_only and not child.draft_ok):
                 break
             n = _common_prefix_len(child.key, key[pos : pos + len(child.key)])
             if n < len(child.key):
                 child = self._split(child, n)
+            if not child.draft_ok and draft_valid is None:
+                draft_valid = pos
             child.last_access_time = now
             values.append(child.value)
             node, pos = child, pos + n
         indices = torch.cat(values) if values else _EMPTY.clone()
-        return MatchPrefixResult(device_indices=indices, last_node=node)
+        valid = pos if draft_valid is None else draft_valid
+        return MatchPrefixResult(device_indices=indices, last_node=node, draft_valid_len=valid)
+
+    def path_draft_valid_len(self, node: TreeNode, n: int) -> int:
+        """Tokens from the root to `node` (which ends at token n) before the first edge whose
+        draft KV is not valid (n when all are)."""
+        valid, depth = n, n
+        while node.parent is not None:
+            depth -= len(node.key)
+            if not node.draft_ok:
+                valid = depth
+            node = node.parent
+        return valid
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child`'s edge after n tokens (0 < n < len); returns the new upper node."""
@@ -113,6 +141,7 @@ class RadixCache(BasePrefixCache):
         upper.parent = parent
         upper.key, upper.value = child.key[:n], child.value[:n]
         upper.lock_ref = child.lock_ref  # same set of requests goes through both halves
+        upper.draft_ok = child.draft_ok
         upper.last_access_time = child.last_access_time
         upper.children = {child.key[n]: child}
         child.key, child.value = child.key[n:], child.value[n:]
@@ -121,29 +150,55 @@ class RadixCache(BasePrefixCache):
         return upper
 
     def insert(self, key: list[int], value: torch.Tensor) -> int:
-        """Insert token ids `key` with KV slots `value` ([len(key)] int64 CPU).
+        """Insert token ids `key` with KV slots `value` ([len(key)] int64 CPU), draft KV valid
+        for all of them (existing edges keep their slots: nothing is upgraded).
 
         Returns how many leading tokens were already cached: value[:returned] is NOT taken by the
         tree (the caller frees what it owns of it); value[returned:] now belongs to the tree.
         """
-        return self._insert(key, value)[0]
+        return self._insert(key, value, len(key), upgrade=False)[0]
 
-    def _insert(self, key: list[int], value: torch.Tensor) -> tuple[int, torch.Tensor, TreeNode]:
-        """insert(), also returning the tree's slots for `key` ([len(key)] int64 CPU) and the
-        node that ends exactly at len(key)."""
+    def _insert(
+        self, key: list[int], value: torch.Tensor, draft_valid_len: int, upgrade: bool = True
+    ) -> tuple[int, torch.Tensor, TreeNode]:
+        """insert() with draft KV valid for key[:draft_valid_len], also returning the tree's
+        slots for `key` ([len(key)] int64 CPU) and the node that ends exactly at len(key).
+
+        New edges past draft_valid_len get draft_ok False. With `upgrade`, an existing
+        draft_ok False edge inside key[:draft_valid_len] becomes draft_ok: when its slots are
+        `value`'s (the caller's draft KV was written into the tree's slots, e.g. a chunked
+        request that caught its draft up after cache_unfinished_req), whoever locks it; else
+        when no request locks it, by taking `value`'s slots (the tree's own are freed): the
+        tree's slots returned for it are then `value`'s, so a caller that frees value's slots
+        where they differ from the tree's (_insert_req) keeps them."""
         assert len(key) == value.numel(), (len(key), value.numel())
+        dv = draft_valid_len
         now = self._tick()
         node, pos, values = self.root, 0, []
         node.last_access_time = now
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
-                node = self._add_leaf(node, key[pos:], value[pos:].clone(), now)
+                if pos < dv < len(key):  # the draft-valid part, then the rest below it
+                    node = self._add_leaf(node, key[pos:dv], value[pos:dv].clone(), now, True)
+                    values.append(node.value)
+                    pos = dv
+                node = self._add_leaf(node, key[pos:], value[pos:].clone(), now, pos < dv)
                 values.append(node.value)
                 break
             n = _common_prefix_len(child.key, key[pos : pos + len(child.key)])
             if n < len(child.key):
                 child = self._split(child, n)
+            if upgrade and not child.draft_ok and pos < dv:
+                m = min(n, dv - pos)  # the part before the boundary is draft-valid
+                own = torch.equal(child.value[:m], value[pos : pos + m])
+                if own or child.lock_ref == 0:
+                    if m < n:
+                        child, n = self._split(child, m), m
+                    if not own:
+                        self.token_to_kv_pool_allocator.free(child.value)
+                        child.value = value[pos : pos + n].clone()
+                    child.draft_ok = True
             child.last_access_time = now
             values.append(child.value)
             node, pos = child, pos + n
@@ -151,18 +206,19 @@ class RadixCache(BasePrefixCache):
         return pos, tree_value, node
 
     def _add_leaf(
-        self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int
+        self, parent: TreeNode, key: list[int], value: torch.Tensor, now: int, draft_ok: bool
     ) -> TreeNode:
         leaf = TreeNode()
         leaf.parent, leaf.key, leaf.value = parent, key, value
         leaf.last_access_time = now
+        leaf.draft_ok = draft_ok
         parent.children[key[0]] = leaf
         self._evictable_size += len(key)
         return leaf
 
     # ---- request hooks (called by the scheduler) ---------------------------------------------
     def _insert_req(
-        self, req_pool_idx: int, token_ids: list[int]
+        self, req_pool_idx: int, token_ids: list[int], draft_valid_len: int | None
     ) -> tuple[torch.Tensor, torch.Tensor, TreeNode]:
         """Insert req_to_token[req_pool_idx, :len(token_ids)] and free the request's duplicates.
 
@@ -170,36 +226,51 @@ class RadixCache(BasePrefixCache):
         request's row differs from the tree's: it is the request's own and is freed. Comparing
         slots (rather than trusting the depth of the request's last node) stays exact when the
         scheduler used only part of a matched prefix.
+        draft_valid_len: the request's draft KV is valid for token_ids[:draft_valid_len] (None:
+        all of them).
         Returns (request row [n] int64 CPU, tree slots [n] int64 CPU, node ending at n).
         """
-        kv = self._req_kv(req_pool_idx, len(token_ids))  # [n] int64 CPU
-        cached, tree_kv, node = self._insert(token_ids, kv)
+        n = len(token_ids)
+        kv = self._req_kv(req_pool_idx, n)  # [n] int64 CPU
+        dv = n if draft_valid_len is None else min(draft_valid_len, n)
+        cached, tree_kv, node = self._insert(token_ids, kv, dv)
         dup = kv[:cached] != tree_kv[:cached]  # [cached] bool
         self.token_to_kv_pool_allocator.free(kv[:cached][dup])
         return kv, tree_kv, node
 
     def cache_finished_req(
-        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+        self,
+        req_pool_idx: int,
+        token_ids: list[int],
+        last_node: TreeNode,
+        draft_valid_len: int | None = None,
     ) -> None:
         """Insert a finished request's tokens, free its duplicate slots, unlock `last_node`.
 
         Slots of tokens that the tree already held under other slots (cached meanwhile by another
         request) are duplicates and go back to the allocator; the rest now belong to the tree.
         The request slot and any slot past len(token_ids) stay the scheduler's to free.
+        draft_valid_len: see the module docstring (None: draft KV valid for all tokens).
         """
-        self._insert_req(req_pool_idx, token_ids)
+        self._insert_req(req_pool_idx, token_ids, draft_valid_len)
         self.dec_lock_ref(last_node)
 
     def cache_unfinished_req(
-        self, req_pool_idx: int, token_ids: list[int], last_node: TreeNode
+        self,
+        req_pool_idx: int,
+        token_ids: list[int],
+        last_node: TreeNode,
+        draft_valid_len: int | None = None,
     ) -> tuple[torch.Tensor, TreeNode]:
         """Insert a running request's tokens so far; it then uses the tree's slots for all of them.
 
         Frees duplicate slots, rewrites req_to_token[req_pool_idx, :len(token_ids)] with the
-        tree's slots, locks the new last node and unlocks `last_node`.
+        tree's slots, locks the new last node and unlocks `last_node`. After the rewrite the
+        request's draft KV is valid only as far as path_draft_valid_len(new node) says (a
+        draft_ok False edge that another request locks is not upgraded).
         Returns (prefix indices [len(token_ids)] int64 CPU, new last node).
         """
-        kv, tree_kv, new_node = self._insert_req(req_pool_idx, token_ids)
+        kv, tree_kv, new_node = self._insert_req(req_pool_idx, token_ids, draft_valid_len)
         changed = (kv != tree_kv).nonzero()  # [num_changed, 1]
         if changed.numel() > 0:
             first = int(changed[0, 0])

@@ -155,6 +155,7 @@ class EAGLEWorkerV2:
         out, draft_hidden = self._extend(mwb)
         result = self.target_worker.sample(mwb, out.next_token_logits)
         result.draft_hidden = draft_hidden
+        result.draft_keep_rows = mwb.spec.draft_keep_rows or None
         return result
 
     def _launch_extend(self, mwb: ModelWorkerBatch) -> PendingResult:
@@ -165,10 +166,12 @@ class EAGLEWorkerV2:
         out, draft_hidden = self._extend(mwb)
         rows, ids = self.target_worker.sample_launch(mwb, out.next_token_logits)
         bs = mwb.batch_size
+        keep = mwb.spec.draft_keep_rows or None
 
         def to_result(host_ids: list[int]) -> GenerationBatchResult:
             result = GenerationBatchResult(next_token_ids=ids_by_request(bs, rows, host_ids))
             result.draft_hidden = draft_hidden
+            result.draft_keep_rows = keep
             return result
 
         return PendingResult.from_device_ids(rows, ids, to_result, began)
@@ -176,8 +179,9 @@ class EAGLEWorkerV2:
     def _extend(self, mwb: ModelWorkerBatch) -> tuple[LogitsProcessorOutput, list]:
         """Queue the target prefill (every row's aux hidden states, [T, 3H]) and the draft
         extend over each chunk's first e_i positions; no host synchronisation. Returns (the
-        target output, per request the [1, 3H] hidden state of its last position when it
-        samples, else None: the draft's pending state for its first decode step)."""
+        target output, per request the rows it leaves pending for the draft: all [n_i, 3H]
+        of its chunk where the plan defers its draft extend, else the [1, 3H] hidden state of
+        its last position when it samples, else None)."""
         runner = self.model_runner
         fb = runner.build_forward_batch(mwb)
         fb.capture_hidden_mode = CaptureHiddenMode.FULL
@@ -198,10 +202,13 @@ class EAGLEWorkerV2:
         if reqs:
             ids_t, rows_t = int64_to_device([ids, rows], self.device)
             self.draft.forward(ids_t, hidden[rows_t], reqs, prefix, lens, torch.cat(slots))
-        last = [s + n - 1 for s, n in zip(starts, mwb.extend_seq_lens, strict=True)]
-        draft_hidden = [
-            hidden[last[i] : last[i] + 1] if mwb.sample[i] else None for i in range(len(last))
-        ]
+        keep = mwb.spec.draft_keep_rows or [False] * len(starts)
+        draft_hidden = []
+        for i, (s, n) in enumerate(zip(starts, mwb.extend_seq_lens, strict=True)):
+            if keep[i]:  # deferred draft extend: every row of the chunk stays pending
+                draft_hidden.append(hidden[s : s + n])
+            else:
+                draft_hidden.append(hidden[s + n - 1 : s + n] if mwb.sample[i] else None)
         return out, draft_hidden
 
     # ---------------------------------------------------------------- d_i = 0 for all

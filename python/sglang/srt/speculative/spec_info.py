@@ -203,6 +203,10 @@ class SpecPlan:
     # Prefill (EXTEND) steps: draft extend over the chunk's first e_i positions with tokens
     # fill_ids[t + 1] (e_i = chunk length, minus 1 for the final chunk).
     draft_extend_ids: list[list[int]] = field(default_factory=list)  # [bs][e_i]
+    # Prefill steps: True where the draft extend is deferred (draft_extend_ids[i] is empty):
+    # the worker returns the chunk's aux hidden states, all n_i rows, for the catch-up of the
+    # request's first drafting step (SpecScheduler.defers_draft_extend).
+    draft_keep_rows: list[bool] = field(default_factory=list)  # [bs]
 
 
 @dataclass

@@ -69,6 +69,7 @@ class AdaptiveController:
         self._zero_left = 0
         self._zero_bs = 0
         self._zero_window = cfg.recheck_every
+        self._all_zero = False  # the goodput policy's last run chose no drafts at all
 
     # ---------------------------------------------------------------- setup
     def profile(
@@ -125,6 +126,15 @@ class AdaptiveController:
         self._zero_left -= 1
         return True
 
+    def drafting_off(self) -> bool:
+        """True while speculation is off for the server: the goodput policy's last run chose
+        d = 0 for every request (with cfg.defer_draft_extend). Until it drafts again, the
+        scheduler runs like a server without speculation where it can: prefills defer their
+        draft extend, and new requests may use cached prefixes that lack draft KV (they then
+        never draft; SpecScheduler.takes_target_only_prefix). Never for the fixed and tier
+        baselines, which do what they are configured to do."""
+        return self._all_zero and self.cfg.defer_draft_extend
+
     def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
         """Draft length per request, each in [0, caps[i]] (see reuse_zero, which callers
         check first)."""
@@ -146,6 +156,7 @@ class AdaptiveController:
         chosen = chosen.tolist()
         if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
             self._zero_window = self.cfg.recheck_every
+        self._all_zero = self.policy.name == "goodput" and not any(chosen)
         if any(chosen):
             self._zero_left = self._zero_bs = 0
             if self._probe_due():

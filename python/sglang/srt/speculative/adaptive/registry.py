@@ -20,7 +20,10 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "profile_batch_sizes": [1, 4, 16, 64, 256],  # those that fit the pools
      "probe_every": 32,                          # after this many drafting steps in a row, one
                                                  # plain step measures what not drafting costs
-     "count_overhead": true}                     # T is wall time between decode commits
+     "count_overhead": true,                     # T is wall time between decode commits
+     "defer_draft_extend": true}                 # goodput, while it keeps choosing all
+                                                 # zeros: prefills skip the draft extend and
+                                                 # cached prefixes without draft KV are used
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class AdaptiveConfig:
     profile_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     probe_every: int = 32
     count_overhead: bool = True
+    defer_draft_extend: bool = True
 
 
 def _js(v: Any) -> str:
@@ -153,6 +157,7 @@ _CHECKS = {
     "profile_batch_sizes": _batch_sizes,
     "probe_every": lambda v: _int("probe_every", v, 0),
     "count_overhead": lambda v: _bool("count_overhead", v),
+    "defer_draft_extend": lambda v: _bool("defer_draft_extend", v),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(AdaptiveConfig)}
 

@@ -1,0 +1,196 @@
+"""While speculation is off (the adaptive policy chooses no drafts at all), the scheduler runs
+like a server without speculation: prefills defer the draft extend (their aux hidden states
+stay pending for the catch-up of a later drafting step), and cached prefixes whose draft KV is
+not valid serve the target. Outputs stay those of the plain engine, the draft state after a
+deferred prefill is the one an eager draft extend gives, and no KV leaks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
+from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
+from sglang.srt.speculative.spec_info import SpecPlan
+from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+K = 3
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
+    return make_tiny_eagle3_dir(str(tmp_path_factory.mktemp("eagle3")), tiny_model_dir)
+
+
+def spec_scheduler(tiny_model_dir, draft_dir, **kw):
+    return make_scheduler(
+        tiny_model_dir,
+        dtype="float32",
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=K,
+        **kw,
+    )
+
+
+def switch_speculation(sched, off: dict) -> list[list[bool]]:
+    """Drive the scheduler's speculative half by hand: while off["value"], no request drafts
+    and speculation counts as off (takes_target_only_prefix); else every request drafts its
+    cap. Returns the draft_keep_rows of every prefill plan."""
+    spec = sched.spec
+    base_choose, base_plan = spec.choose_draft_lens, spec.build_plan
+    keeps: list[list[bool]] = []
+    spec.takes_target_only_prefix = lambda: off["value"]
+    spec.choose_draft_lens = lambda reqs: [0] * len(reqs) if off["value"] else base_choose(reqs)
+
+    def plan(batch) -> SpecPlan:
+        p = base_plan(batch)
+        if p.draft_keep_rows:
+            keeps.append(list(p.draft_keep_rows))
+        return p
+
+    spec.build_plan = plan
+    return keeps
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_deferred_draft_extend_restores_the_draft_state(tiny_model_dir, draft_dir, chunked):
+    """A request prefilled while speculation is off, then decoded for a while without drafts,
+    catches its draft up when it drafts: the draft KV of its prompt equals what an eager draft
+    extend at prefill writes (the catch-up consumed the deferred prompt rows, in order), it
+    drafts the same tokens at the same positions, and its output is the plain engine's."""
+    p = prompt(40, seed=1)
+    kw = {"chunked_prefill_size": 16} if chunked else {}
+
+    def run(defer: bool) -> tuple[list[int], dict[int, list[int]], list[list[bool]], object]:
+        sched = spec_scheduler(tiny_model_dir, draft_dir, **kw)
+        off = {"value": defer}
+        keeps = switch_speculation(sched, off)
+        worker = sched.tp_worker
+        proposals: dict[int, list[int]] = {}
+        real = worker.draft_tokens
+
+        def record(mwb):
+            drafts, q = real(mwb)
+            by_req = drafts_by_request(drafts, mwb.spec.draft_lens)
+            for pos, ds in zip(mwb.extend_prefix_lens, by_req, strict=True):
+                if ds:
+                    proposals[pos] = ds
+            return drafts, q
+
+        worker.draft_tokens = record
+        outs: dict = {}
+        submit(sched, "r", p, {**GREEDY, "max_new_tokens": 40})
+        for _ in range(8):  # the prefill (chunks) and a few plain steps
+            sched.step()
+        off["value"] = False
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        assert sched.spec.stats["spec_deferred_draft_extends"] == sum(map(sum, keeps))
+        out = outs["r"]["output_ids"]
+        # the finished request's draft-valid KV is cached: read the draft KV of its prompt
+        m = sched.tree_cache.match_prefix(p + out[:-1], draft_only=True)
+        assert m.draft_valid_len > len(p)
+        slots = m.device_indices[: len(p)]
+        pool = worker.draft.kv_pool
+        return out, proposals, keeps, (pool.k_buffer[0][slots], pool.v_buffer[0][slots])
+
+    plain = make_scheduler(tiny_model_dir, dtype="float32", **kw)
+    ref: dict = {}
+    submit(plain, "r", p, {**GREEDY, "max_new_tokens": 40})
+    run_until_idle(plain, ref)
+
+    eager_out, eager_props, eager_keeps, eager_kv = run(False)
+    lazy_out, lazy_props, lazy_keeps, lazy_kv = run(True)
+    assert eager_out == lazy_out == ref["r"]["output_ids"]
+    assert not any(k for ks in eager_keeps for k in ks)
+    assert lazy_keeps and all(k for ks in lazy_keeps for k in ks)  # every chunk deferred
+    assert len(lazy_keeps) == (3 if chunked else 1)
+    for a, b in zip(eager_kv, lazy_kv, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+    common = set(eager_props) & set(lazy_props)
+    assert len(common) >= 3
+    assert all(eager_props[n] == lazy_props[n] for n in common)
+
+
+def test_target_only_prefix_hits_while_speculation_is_off(tiny_model_dir, draft_dir):
+    """Tokens decoded without drafting are cached for the target (the draft lags there): a
+    follow-up turn hits them while speculation is off, as on a plain server, and never
+    drafts; with speculation on, the match stops where the draft KV does. Outputs equal the
+    plain engine's in both cases and the KV accounting balances."""
+    first = prompt(30, seed=2)
+
+    def turns(sched) -> tuple[list[list[int]], list[int]]:
+        outs: dict = {}
+        submit(sched, "t1", first, GREEDY)
+        run_until_idle(sched, outs)
+        follow = first + outs["t1"]["output_ids"] + prompt(5, seed=3)
+        submit(sched, "t2", follow, GREEDY)
+        run_until_idle(sched, outs)
+        cached = [outs[r]["meta"]["cached_tokens"] for r in ("t1", "t2")]
+        return [outs[r]["output_ids"] for r in ("t1", "t2")], cached
+
+    ref, ref_cached = turns(make_scheduler(tiny_model_dir, dtype="float32"))
+    assert ref_cached[1] == 30 + 23  # the first turn and its answer (but the last token)
+
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    off = {"value": True}
+    switch_speculation(sched, off)
+    out, cached = turns(sched)
+    assert out == ref and cached == ref_cached
+    assert sched.spec.stats["spec_drafting_steps"] == 0
+    sched.kv.check_accounting()
+
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    off = {"value": True}
+    switch_speculation(sched, off)
+    outs: dict = {}
+    submit(sched, "t1", first, GREEDY)
+    run_until_idle(sched, outs)
+    off["value"] = False  # speculation back on: the draft-valid prefix only, then drafting
+    follow = first + outs["t1"]["output_ids"] + prompt(5, seed=3)
+    submit(sched, "t2", follow, GREEDY)
+    run_until_idle(sched, outs)
+    assert outs["t2"]["output_ids"] == ref[1]
+    assert outs["t2"]["meta"]["cached_tokens"] < ref_cached[1]
+    assert sched.spec.stats["spec_drafting_steps"] > 0
+    sched.kv.check_accounting()
+
+
+def test_drafting_off_follows_the_goodput_policy_only():
+    """drafting_off: after the goodput policy chose no drafts at all, until it drafts again;
+    never with defer_draft_extend false, never for the tier baseline."""
+    from types import SimpleNamespace
+
+    from test_adaptive_policy import LIGHT, synthetic
+
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+            for i in range(4)]  # fmt: skip
+    nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
+
+    ctl = AdaptiveController(parse_adaptive_config(None), K, num_slots=8)
+    assert not ctl.drafting_off()  # nothing decided yet: prefills extend the draft
+    ctl.time_model = nothing_pays
+    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and ctl.drafting_off()
+    ctl.time_model = LIGHT
+    assert max(ctl.choose(reqs, [K] * 4)) > 0 and not ctl.drafting_off()
+
+    cfg = parse_adaptive_config(json.dumps({"defer_draft_extend": False}))
+    ctl = AdaptiveController(cfg, K, num_slots=8)
+    ctl.time_model = nothing_pays
+    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and not ctl.drafting_off()
+
+    tiers = parse_adaptive_config(json.dumps({"policy": "tiers", "tiers": {"1": 0}}))
+    ctl = AdaptiveController(tiers, K, num_slots=8)
+    assert ctl.choose(reqs, [K] * 4) == [0] * 4 and not ctl.drafting_off()
