@@ -194,3 +194,30 @@ def test_drafting_off_follows_the_goodput_policy_only():
     tiers = parse_adaptive_config(json.dumps({"policy": "tiers", "tiers": {"1": 0}}))
     ctl = AdaptiveController(tiers, K, num_slots=8)
     assert ctl.choose(reqs, [K] * 4) == [0] * 4 and not ctl.drafting_off()
+
+
+def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model_dir, draft_dir):
+    """A conversation whose every turn takes the previous answer as a target-only prefix
+    (admitted while speculation is off) has requests that can never draft. While only such
+    requests run, the goodput policy still decides whether drafting would pay: once it does,
+    speculation is back on and the next turn takes the draft-valid prefix only and drafts.
+    Before, the policy never ran on them (all caps 0) and speculation stayed off for good."""
+    from test_adaptive_policy import LIGHT, synthetic
+
+    sched = spec_scheduler(tiny_model_dir, draft_dir, speculative_adaptive=True)
+    ctl = sched.spec.adaptive
+    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
+    outs: dict = {}
+    p = prompt(30, seed=4)
+    submit(sched, "t0", p, GREEDY)
+    run_until_idle(sched, outs)
+    assert ctl.drafting_off()
+    ctl.time_model = LIGHT  # drafting pays from now on
+    for k in (1, 2):
+        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(5, seed=5 + k)
+        submit(sched, f"t{k}", p, GREEDY)
+        run_until_idle(sched, outs)
+    assert outs["t1"]["meta"]["spec_num_proposed_drafts"] == 0  # admitted while off
+    assert not ctl.drafting_off()
+    assert outs["t2"]["meta"]["spec_num_proposed_drafts"] > 0
+    sched.kv.check_accounting()

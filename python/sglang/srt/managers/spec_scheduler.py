@@ -114,6 +114,11 @@ class SpecScheduler:
         may still generate (minus the bonus token) and its context room."""
         if req.draft.stale or req.draft.num_pending != req.kv_len - req.draft.draft_kv_len:
             return 0
+        return self.length_cap(req)
+
+    def length_cap(self, req: Req) -> int:
+        """draft_len_cap(req) if its draft state allowed drafting: what K, max_draft_tokens,
+        the remaining tokens and the context room leave."""
         sp = req.sampling_params
         cap = self.num_steps
         if sp.max_draft_tokens is not None:
@@ -129,7 +134,15 @@ class SpecScheduler:
         if a is not None and a.reuse_zero(reqs):
             return [0] * len(reqs)
         caps = [self.draft_len_cap(r) for r in reqs]
-        return caps if a is None else a.choose(reqs, caps)
+        if a is None:
+            return caps
+        if not any(caps) and a.drafting_off():
+            # Nobody can draft (e.g. all took target-only prefixes while speculation was off):
+            # the policy still decides whether drafting would pay at their length caps, else
+            # it would never run again and speculation would stay off for good.
+            a.choose(reqs, [self.length_cap(r) for r in reqs])
+            return caps
+        return a.choose(reqs, caps)
 
     # ---------------------------------------------------------------- plan
     def build_plan(self, batch: ScheduleBatch) -> SpecPlan:
