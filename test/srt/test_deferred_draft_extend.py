@@ -221,3 +221,31 @@ def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model
     assert not ctl.drafting_off()
     assert outs["t2"]["meta"]["spec_num_proposed_drafts"] > 0
     sched.kv.check_accounting()
+
+
+def test_prefix_hit_that_diverges_recomputes_the_last_draft_position(tiny_model_dir, draft_dir):
+    """The draft KV of a position is computed with the token after it. A request that shares
+    a cached prefix and then diverges does not take the prefix's last position (its draft KV
+    holds the other continuation's token): the request recomputes it, and its draft KV there
+    equals a run without the cache."""
+    shared = prompt(20, seed=6)
+    a, b = shared + prompt(6, seed=7), shared + prompt(6, seed=8)
+
+    def draft_kv_at(disable_radix: bool) -> tuple[object, int]:
+        sched = spec_scheduler(tiny_model_dir, draft_dir, disable_radix_cache=disable_radix)
+        outs: dict = {}
+        submit(sched, "a", a, GREEDY)
+        run_until_idle(sched, outs)
+        submit(sched, "b", b, {**GREEDY, "max_new_tokens": 8})
+        sched.step()  # b's prefill: its draft extend writes positions up to len(b) - 2
+        (req,) = [r for r in sched.running if r.rid == "b"]
+        slot = sched.req_to_token_pool.read(req.req_pool_idx, len(shared) - 1, len(shared))
+        k = sched.tp_worker.draft.kv_pool.k_buffer[0][slot].clone()
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        return k, outs["b"]["meta"]["cached_tokens"]
+
+    cached_k, cached = draft_kv_at(False)
+    fresh_k, none = draft_kv_at(True)
+    assert none == 0 and cached == len(shared) - 1
+    assert torch.allclose(cached_k, fresh_k, rtol=1e-4, atol=1e-5)

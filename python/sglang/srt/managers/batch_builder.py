@@ -144,6 +144,11 @@ class BatchBuilder:
         limit = req.seqlen - 1
         if req.wants_input_logprobs():
             limit = min(limit, req.logprob_start_len)
+        n = len(res.device_indices)
+        if spec is not None and 0 < n <= res.draft_valid_len and res.last_node.children:
+            # The draft KV of position n - 1 was computed with the token that follows it in
+            # the cache, not req's (which differs, or the match would go on): recompute it.
+            limit = min(limit, n - 1)
         req.last_node = res.last_node
         req.prefix_draft_valid_len = min(res.draft_valid_len, limit)
         return res.device_indices[:limit]

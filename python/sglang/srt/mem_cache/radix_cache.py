@@ -179,11 +179,12 @@ class RadixCache(BasePrefixCache):
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
+                cut = pos
                 if pos < dv < len(key):  # the draft-valid part, then the rest below it
                     node = self._add_leaf(node, key[pos:dv], value[pos:dv].clone(), now, True)
                     values.append(node.value)
-                    pos = dv
-                node = self._add_leaf(node, key[pos:], value[pos:].clone(), now, pos < dv)
+                    cut = dv
+                node = self._add_leaf(node, key[cut:], value[cut:].clone(), now, cut < dv)
                 values.append(node.value)
                 break
             n = _common_prefix_len(child.key, key[pos : pos + len(child.key)])
