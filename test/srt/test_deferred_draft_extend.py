@@ -249,3 +249,20 @@ def test_prefix_hit_that_diverges_recomputes_the_last_draft_position(tiny_model_
     fresh_k, none = draft_kv_at(True)
     assert none == 0 and cached == len(shared) - 1
     assert torch.allclose(cached_k, fresh_k, rtol=1e-4, atol=1e-5)
+
+
+def test_long_prompts_run_the_draft_extend_while_speculation_is_off(tiny_model_dir, draft_dir):
+    """A prompt of more than MAX_PENDING_HIDDEN // 2 rows runs its draft extend even while
+    speculation is off (deferred, it would leave too few plain decode steps before the request
+    stops drafting for good); a short one defers."""
+    from sglang.srt.managers.spec_scheduler import MAX_PENDING_HIDDEN
+
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    keeps = switch_speculation(sched, {"value": True})
+    outs: dict = {}
+    submit(sched, "long", prompt(MAX_PENDING_HIDDEN // 2 + 1, seed=9), GREEDY)
+    run_until_idle(sched, outs)
+    submit(sched, "short", prompt(MAX_PENDING_HIDDEN // 2, seed=10), GREEDY)
+    run_until_idle(sched, outs)
+    assert keeps == [[False], [True]]
+    sched.kv.check_accounting()

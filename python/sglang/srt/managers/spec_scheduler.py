@@ -93,15 +93,17 @@ class SpecScheduler:
     def defers_draft_extend(self, req: Req, n: int) -> bool:
         """Whether req's prefill chunk of n tokens skips the draft extend and keeps its n aux
         hidden states pending instead (the catch-up of its first drafting step consumes them,
-        as for positions decoded without drafting). Deferred while speculation is off, and
-        always once a request's draft lags (an extend would build on draft KV it lacks); not
-        beyond MAX_PENDING_HIDDEN pending rows (the draft extend runs, or, if the draft
-        already lags, the request stops drafting for good)."""
+        as for positions decoded without drafting). Deferred while speculation is off, up to
+        MAX_PENDING_HIDDEN // 2 rows (a longer prompt runs its draft extend, so that it can
+        still decode that many steps without drafting before it would stop drafting for
+        good); and always once a request's draft lags (an extend would build on draft KV it
+        lacks), up to MAX_PENDING_HIDDEN rows, beyond which it stops drafting for good."""
         d = req.draft
         lagging = d.draft_kv_len < req.kv_len
         if not lagging and not self.takes_target_only_prefix():
             return False
-        if d.num_pending + n <= MAX_PENDING_HIDDEN:
+        limit = MAX_PENDING_HIDDEN if lagging else MAX_PENDING_HIDDEN // 2
+        if d.num_pending + n <= limit:
             return True
         if lagging:
             d.clear()
