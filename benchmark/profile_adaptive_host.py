@@ -14,6 +14,8 @@
   forward, so not the GPU host's launch cost);
   `_staggered`: the same with requests of 8-40 tokens topped up to the batch size every step
   (requests join and finish nearly every step, as under serving load; prefills included).
+  `adaptive_no_drafts_eager_extend`: adaptive with `defer_draft_extend` false, so its
+  prefills run the draft extend as before f6a9fd1.
 
 Run it with PYTHONPATH=<a worktree of another commit>/python to measure that commit (the
 script only uses interfaces that have not changed).
@@ -90,6 +92,11 @@ def scheduler_ms(bs: int, staggered: bool = False) -> dict:
     model = make_tiny_model_dir(d + "/m")
     draft = make_tiny_eagle3_dir(d + "/e", model)
     cfgs = plain_and_adaptive_no_drafts(draft)
+    # the same with prefills running the draft extend (as before the deferred draft extend)
+    eager = dict(cfgs["adaptive_no_drafts"])
+    cfg = json.loads(eager["speculative_adaptive_config"])
+    eager["speculative_adaptive_config"] = json.dumps({**cfg, "defer_draft_extend": False})
+    cfgs["adaptive_no_drafts_eager_extend"] = eager
     params = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
     out = {}
     for name, kw in cfgs.items():
