@@ -90,6 +90,7 @@ case "$PART" in
       test/srt/test_overlap_schedule.py test/srt/test_triton_gemv.py test/srt/test_kv_store.py \
       test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \
       test/srt/test_output_messages.py test/srt/test_detokenizer.py \
+      test/srt/test_deferred_draft_extend.py test/srt/test_radix_cache.py \
       -q -p no:cacheprovider --timeout 300 -rf --tb=short > "$D/gpu_validate_$TAG.log" 2>&1
     echo "tests rc=$?"; tail -5 "$D/gpu_validate_$TAG.log"
     ;;

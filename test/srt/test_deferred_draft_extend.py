@@ -64,14 +64,17 @@ def switch_speculation(sched, off: dict) -> list[list[bool]]:
     return keeps
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_deferred_draft_extend_restores_the_draft_state(tiny_model_dir, draft_dir, chunked):
+@pytest.mark.parametrize("chunked,overlap", [(False, False), (True, False), (True, True)])
+def test_deferred_draft_extend_restores_the_draft_state(
+    tiny_model_dir, draft_dir, chunked, overlap
+):
     """A request prefilled while speculation is off, then decoded for a while without drafts,
     catches its draft up when it drafts: the draft KV of its prompt equals what an eager draft
     extend at prefill writes (the catch-up consumed the deferred prompt rows, in order), it
     drafts the same tokens at the same positions, and its output is the plain engine's."""
     p = prompt(40, seed=1)
     kw = {"chunked_prefill_size": 16} if chunked else {}
+    kw["disable_overlap_schedule"] = not overlap  # overlap: commits come a step late
 
     def run(defer: bool) -> tuple[list[int], dict[int, list[int]], list[list[bool]], object]:
         sched = spec_scheduler(tiny_model_dir, draft_dir, **kw)
