@@ -14,9 +14,13 @@ import pytest
 import torch
 
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
-from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.srt.speculative.spec_info import SpecPlan
-from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+from sglang.test.scheduler_utils import (
+    make_scheduler,
+    record_draft_proposals,
+    run_until_idle,
+    submit,
+)
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 K = 3
@@ -81,18 +85,7 @@ def test_deferred_draft_extend_restores_the_draft_state(
         off = {"value": defer}
         keeps = switch_speculation(sched, off)
         worker = sched.tp_worker
-        proposals: dict[int, list[int]] = {}
-        real = worker.draft_tokens
-
-        def record(mwb):
-            drafts, q = real(mwb)
-            by_req = drafts_by_request(drafts, mwb.spec.draft_lens)
-            for pos, ds in zip(mwb.extend_prefix_lens, by_req, strict=True):
-                if ds:
-                    proposals[pos] = ds
-            return drafts, q
-
-        worker.draft_tokens = record
+        proposals = record_draft_proposals(worker)
         outs: dict = {}
         submit(sched, "r", p, {**GREEDY, "max_new_tokens": 40})
         for _ in range(8):  # the prefill (chunks) and a few plain steps

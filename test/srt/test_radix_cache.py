@@ -42,10 +42,11 @@ class Sim:
         self.shadow: dict[int, int] = {}
         self.running: list[Req] = []
 
-    def start(self, tokens: list[int], limit: int | None = None) -> Req:
+    def start(self, tokens: list[int], limit: int | None = None, draft_only: bool = False) -> Req:
         """Admit a request; like our scheduler, it may use only `limit` tokens of the match
-        (e.g. seqlen - 1) while locking the node where the whole match ends."""
-        m = self.cache.match_prefix(tokens)
+        (e.g. seqlen - 1) while locking the node where the whole match ends; with draft_only,
+        the match stops where the cached draft KV does."""
+        m = self.cache.match_prefix(tokens, draft_only=draft_only)
         self.cache.inc_lock_ref(m.last_node)
         (pool_idx,) = self.req_pool.alloc(1)
         prefix = m.device_indices[:limit]
@@ -76,8 +77,10 @@ class Sim:
         req.prefix_len = req.filled
         return idx
 
-    def finish(self, req: Req) -> None:
-        self.cache.cache_finished_req(req.pool_idx, req.tokens[: req.filled], req.last_node)
+    def finish(self, req: Req, draft_valid_len: int | None = None) -> None:
+        self.cache.cache_finished_req(
+            req.pool_idx, req.tokens[: req.filled], req.last_node, draft_valid_len
+        )
         self.req_pool.free(req.pool_idx)
         self.running.remove(req)
 
@@ -412,9 +415,7 @@ def test_draft_valid_boundary_splits_matches_and_upgrades():
     a = sim.start(toks)
     assert sim.compute(a, 6)
     a_slots = sim.row(a)
-    sim.cache.cache_finished_req(a.pool_idx, toks, a.last_node, draft_valid_len=3)
-    sim.req_pool.free(a.pool_idx)
-    sim.running.remove(a)
+    sim.finish(a, draft_valid_len=3)
     sim.check()
     assert _draft_ok_edges(sim.cache) == [([1, 2, 3], True), ([4, 5, 6], False)]
     m = sim.cache.match_prefix(toks + [7])
@@ -424,18 +425,12 @@ def test_draft_valid_boundary_splits_matches_and_upgrades():
     assert sim.cache.path_draft_valid_len(m.last_node, 3) == 3
 
     # b recomputes tokens 4..8 (its match stopped where the draft KV did), draft-valid to 7
-    m = sim.cache.match_prefix(toks + [7, 8], draft_only=True)
-    sim.cache.inc_lock_ref(m.last_node)
-    (idx,) = sim.req_pool.alloc(1)
-    sim.req_pool.write(idx, 0, m.device_indices)
-    b = Req(toks + [7, 8], idx, prefix_len=3, filled=3, last_node=m.last_node)
-    sim.running.append(b)
+    b = sim.start(toks + [7, 8], draft_only=True)
+    assert b.prefix_len == 3
     assert sim.compute(b, 5)
     b_slots = sim.row(b)
     free_before = sim.alloc.available_size()
-    sim.cache.cache_finished_req(b.pool_idx, b.tokens, b.last_node, draft_valid_len=7)
-    sim.req_pool.free(b.pool_idx)
-    sim.running.remove(b)
+    sim.finish(b, draft_valid_len=7)
     sim.check()
     # tokens 4-6 now use b's slots (draft-valid), a's were freed; 7 valid, 8 not
     assert sim.cache.match_prefix(b.tokens).device_indices.tolist() == b_slots
@@ -458,17 +453,11 @@ def test_locked_draft_invalid_edge_is_not_upgraded():
     toks = [1, 2, 3, 4, 5, 6]
     a = sim.start(toks)
     assert sim.compute(a, 6)
-    sim.cache.cache_finished_req(a.pool_idx, toks, a.last_node, draft_valid_len=2)
-    sim.req_pool.free(a.pool_idx)
-    sim.running.remove(a)
+    sim.finish(a, draft_valid_len=2)
     holder = sim.start(toks + [9])  # takes the whole prefix, draft-invalid part included
     assert holder.prefix_len == 6
-    m = sim.cache.match_prefix(toks + [7], draft_only=True)
-    sim.cache.inc_lock_ref(m.last_node)
-    (idx,) = sim.req_pool.alloc(1)
-    sim.req_pool.write(idx, 0, m.device_indices)
-    c = Req(toks + [7], idx, prefix_len=2, filled=2, last_node=m.last_node)
-    sim.running.append(c)
+    c = sim.start(toks + [7], draft_only=True)
+    assert c.prefix_len == 2
     assert sim.compute(c, 5)
     tree_before = _draft_ok_edges(sim.cache)
     sim.cache_chunk(c)  # c's draft KV is valid for all 7 of its tokens
@@ -494,9 +483,7 @@ def test_own_draft_invalid_edge_is_marked_valid_though_locked():
     assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4], False)]
     assert sim.compute(a, 2)
     row = sim.row(a)
-    sim.cache.cache_finished_req(a.pool_idx, toks, a.last_node, draft_valid_len=5)
-    sim.req_pool.free(a.pool_idx)
-    sim.running.remove(a)
+    sim.finish(a, draft_valid_len=5)
     sim.check()
     assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4], True), ([5], True), ([6], False)]
     assert sim.cache.match_prefix(toks).device_indices.tolist() == row

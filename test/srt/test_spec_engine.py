@@ -15,7 +15,13 @@ import torch
 from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.test.engine_checks import assert_no_kv_leak
-from sglang.test.scheduler_utils import abort, make_scheduler, run_until_idle, submit
+from sglang.test.scheduler_utils import (
+    abort,
+    make_scheduler,
+    record_draft_proposals,
+    run_until_idle,
+    submit,
+)
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 K = 3
@@ -233,19 +239,7 @@ def test_toggled_draft_length_keeps_draft_state(tiny_model_dir, draft_dir, refer
 
     def run(toggle: bool) -> tuple[list[int], dict[int, list[int]]]:
         sched = spec_scheduler(tiny_model_dir, draft_dir)
-        worker = sched.tp_worker
-        proposals: dict[int, list[int]] = {}
-        real = worker.draft_tokens
-
-        def record(mwb):
-            drafts, q = real(mwb)
-            by_req = drafts_by_request(drafts, mwb.spec.draft_lens)
-            for idx, ds in zip(mwb.extend_prefix_lens, by_req, strict=True):
-                if ds:
-                    proposals[idx] = ds
-            return drafts, q
-
-        worker.draft_tokens = record
+        proposals = record_draft_proposals(sched.tp_worker)
         step = {"n": 0}
         base = sched.spec.choose_draft_lens
 

@@ -60,3 +60,24 @@ def run_until_idle(sched: Scheduler, outputs: dict[str, dict], max_steps: int = 
         sched.step()
         collect(sched, outputs)
     collect(sched, outputs)
+
+
+def record_draft_proposals(worker) -> dict[int, list[int]]:
+    """Wrap a speculative worker's draft_tokens so that every drafting request's proposals
+    are recorded by position: {extend prefix length (= the position of x_n): drafts}, a later
+    step at the same position overwriting an earlier one. Returns the dict it fills."""
+    from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
+
+    proposals: dict[int, list[int]] = {}
+    real = worker.draft_tokens
+
+    def record(mwb):
+        drafts, q = real(mwb)
+        by_req = drafts_by_request(drafts, mwb.spec.draft_lens)
+        for pos, ds in zip(mwb.extend_prefix_lens, by_req, strict=True):
+            if ds:
+                proposals[pos] = ds
+        return drafts, q
+
+    worker.draft_tokens = record
+    return proposals
