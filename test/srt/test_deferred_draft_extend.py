@@ -219,7 +219,10 @@ def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model
     sched.kv.check_accounting()
 
 
-def test_prefix_hit_that_diverges_recomputes_the_last_draft_position(tiny_model_dir, draft_dir):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_prefix_hit_that_diverges_recomputes_the_last_draft_position(
+    tiny_model_dir, draft_dir, overlap
+):
     """The draft KV of a position is computed with the token after it. A request that shares
     a cached prefix and then diverges does not take the prefix's last position (its draft KV
     holds the other continuation's token): the request recomputes it, and its draft KV there
@@ -228,13 +231,24 @@ def test_prefix_hit_that_diverges_recomputes_the_last_draft_position(tiny_model_
     a, b = shared + prompt(6, seed=7), shared + prompt(6, seed=8)
 
     def draft_kv_at(disable_radix: bool) -> tuple[object, int]:
-        sched = spec_scheduler(tiny_model_dir, draft_dir, disable_radix_cache=disable_radix)
+        sched = spec_scheduler(
+            tiny_model_dir,
+            draft_dir,
+            disable_radix_cache=disable_radix,
+            disable_overlap_schedule=not overlap,
+        )
         outs: dict = {}
         submit(sched, "a", a, GREEDY)
         run_until_idle(sched, outs)
         submit(sched, "b", b, {**GREEDY, "max_new_tokens": 8})
-        sched.step()  # b's prefill: its draft extend writes positions up to len(b) - 2
-        (req,) = [r for r in sched.running if r.rid == "b"]
+        # b's prefill: its draft extend writes positions up to len(b) - 2. With overlap
+        # scheduling (the CUDA default) b joins `running` when the step commits, one later.
+        for _ in range(3):
+            sched.step()
+            found = [r for r in sched.running if r.rid == "b"]
+            if found:
+                break
+        (req,) = found
         slot = sched.req_to_token_pool.read(req.req_pool_idx, len(shared) - 1, len(shared))
         k = sched.tp_worker.draft.kv_pool.k_buffer[0][slot].clone()
         run_until_idle(sched, outs)
