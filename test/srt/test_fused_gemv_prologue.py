@@ -1,0 +1,179 @@
+"""The GEMV with its input computed in its K loop (layers/triton_kernels/gemv_prologue.py):
+RMSNorm -> GEMV and SiLU-and-mul -> GEMV against the unfused Triton kernels (bit for bit under
+the interpreter) and a float64 reference.
+
+Without CUDA the kernels run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
+set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
+
+triton = pytest.importorskip("triton")
+
+from sglang.srt.layers import triton_kernels  # noqa: E402
+from sglang.srt.layers.triton_kernels.activation import silu_and_mul  # noqa: E402
+from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv  # noqa: E402
+from sglang.srt.layers.triton_kernels.gemv_prologue import (  # noqa: E402
+    gemv_rmsnorm,
+    gemv_silu_mul,
+)
+from sglang.srt.layers.triton_kernels.rmsnorm import rmsnorm  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Against the float64 reference: one rounding of the output plus the rounded intermediates.
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+SMALL_TILE = GemvTile(4, 64, 2)  # several K steps and a partial last one at these sizes
+EPS = 1e-5
+
+
+def _exact_or_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Bit for bit under the interpreter. Compiled, the sum of squares of the norm may reduce in
+    another order than rmsnorm.py's (gemv_prologue.py's docstring): one rounding step apart."""
+    if HAS_CUDA:
+        torch.testing.assert_close(out, ref, atol=ATOL[dtype], rtol=RTOL[dtype])
+    else:
+        assert torch.equal(out, ref)
+
+
+@pytest.fixture(autouse=True)
+def _default_device(monkeypatch):
+    """Tensors on DEVICE; the layers' dispatch off unless a test turns it on."""
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)
+    with torch.device(DEVICE):
+        yield
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)  # a CPU generator: same draws on every device
+    return torch.randn(*shape, generator=g, device="cpu").to(DEVICE) * scale
+
+
+def _norm_operands(n: int, h: int, dtype: torch.dtype, seed: int = 0):
+    """x, residual [1, h]; norm weight [h] around 1; weight [n, h] with O(1) outputs; bias [n]."""
+    x = (_randn(1, h, seed=seed) * 3).to(dtype)
+    res = _randn(1, h, seed=seed + 1).to(dtype)
+    nw = (1 + _randn(h, seed=seed + 2, scale=0.2)).to(dtype)
+    w = _randn(n, h, seed=seed + 3, scale=h**-0.5).to(dtype)
+    b = _randn(n, seed=seed + 4).to(dtype)
+    return x, res, nw, w, b
+
+
+def _ref_norm_linear(x, res, nw, w, b) -> torch.Tensor:
+    """float64 RMSNorm then linear, no intermediate rounding."""
+    h = x.double() if res is None else x.double() + res.double()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * nw.double()
+    return F.linear(normed, w.double(), None if b is None else b.double()).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------- kernels
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,h,tile", [(37, 300, None), (37, 300, SMALL_TILE), (24, 1000, None)])
+def test_gemv_rmsnorm_equals_unfused(dtype, with_residual, with_bias, n, h, tile) -> None:
+    """Against rmsnorm then gemv (same tile): exact; against float64: within rounding. H and N
+    are not multiples of the tiles; h = 1000 takes two K steps of the default 512."""
+    x, res, nw, w, b = _norm_operands(n, h, dtype)
+    res = res if with_residual else None
+    b = b if with_bias else None
+    x_before = x.clone()
+    y, res_out = gemv_rmsnorm(x, nw, EPS, w, b, res, tile=tile)
+    assert y.shape == (1, n) and y.dtype == dtype and y.is_contiguous()
+
+    if res is None:
+        normed, unfused_res = rmsnorm(x, nw, EPS), None
+        assert res_out is None
+    else:
+        normed, unfused_res = rmsnorm(x, nw, EPS, res)
+        assert torch.equal(res_out, x + res)  # one rounded add, as torch rounds it
+        assert torch.equal(res_out, unfused_res)
+    _exact_or_close(y, gemv(normed, w, b, tile=tile), dtype)
+    torch.testing.assert_close(
+        y, _ref_norm_linear(x, res, nw, w, b), atol=ATOL[dtype], rtol=RTOL[dtype]
+    )
+    assert torch.equal(x, x_before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,inter,tile", [(37, 300, None), (37, 300, SMALL_TILE), (8, 600, None)])
+def test_gemv_silu_mul_equals_unfused(dtype, n, inter, tile) -> None:
+    gate_up = (_randn(1, 2 * inter, seed=5) * 3).to(dtype)
+    w = _randn(n, inter, seed=6, scale=inter**-0.5).to(dtype)
+    y = gemv_silu_mul(gate_up, w, tile=tile)
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert torch.equal(y, gemv(silu_and_mul(gate_up), w, tile=tile))  # elementwise: exact
+    g, u = gate_up.double().chunk(2, dim=-1)
+    ref = F.linear(F.silu(g) * u, w.double()).to(dtype)
+    torch.testing.assert_close(y, ref, atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+def test_prologue_kernels_reject_unsupported_inputs() -> None:
+    x, res, nw, w, b = _norm_operands(16, 32, torch.bfloat16)
+    bad_norm = {
+        "two rows": dict(x=torch.cat([x, x])),
+        "1-D x": dict(x=x[0]),
+        "dtype mismatch": dict(w=w.float()),
+        "K mismatch": dict(w=w[:, :31].contiguous()),
+        "non-contiguous weight": dict(w=w.t().contiguous().t()),
+        "norm weight shape": dict(nw=nw[:31]),
+        "norm weight dtype": dict(nw=nw.float()),
+        "residual dtype": dict(res=res.half()),
+        "bias shape": dict(b=b[:15]),
+        "x strided along K": dict(x=torch.randn(1, 64, dtype=torch.bfloat16)[:, ::2]),
+        "too wide": dict(x=torch.zeros(1, 16385, dtype=torch.bfloat16)),
+    }
+    for what, change in bad_norm.items():
+        kw = dict(x=x, nw=nw, w=w, b=b, res=res) | change
+        with pytest.raises(ValueError, match="gemv_rmsnorm"):
+            gemv_rmsnorm(kw["x"], kw["nw"], EPS, kw["w"], kw["b"], kw["res"])
+            pytest.fail(what)
+    gate_up = torch.randn(1, 64, dtype=torch.bfloat16)
+    for what, (gu, ww) in {
+        "odd width": (gate_up[:, :63], w),
+        "K mismatch": (gate_up, w[:, :16].contiguous()),
+        "strided": (torch.randn(1, 128, dtype=torch.bfloat16)[:, ::2], w),
+        "dtype mismatch": (gate_up, w.half()),
+    }.items():
+        with pytest.raises(ValueError, match="gemv_silu_mul"):
+            gemv_silu_mul(gu, ww)
+            pytest.fail(what)
+
+
+# ------------------------------------------------------------------------------- dispatch
+
+
+def test_flag_is_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("SGLANG_FUSED_GEMV_PROLOGUE", raising=False)
+    assert triton_kernels._fused_gemv_prologue_enabled()  # on by default
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", off)
+        assert not triton_kernels._fused_gemv_prologue_enabled()
+    monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", "1")
+    assert triton_kernels._fused_gemv_prologue_enabled()
+
+
+def test_gate_needs_the_gemv_gate_and_the_flag(monkeypatch) -> None:
+    """use_fused_gemv_prologue = the flag and use_triton_gemv (so SGLANG_TRITON_GEMV=0 and
+    SGLANG_DISABLE_TRITON_KERNELS=1 turn the fusion off too); never on CPU tensors."""
+    x, w = torch.randn(1, 32, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    seen = []
+    monkeypatch.setattr(triton_kernels, "use_triton_gemv", lambda *a: seen.append(a) or True)
+    for flag in (False, True):
+        monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", flag)
+        assert triton_kernels.use_fused_gemv_prologue(x, w) == flag
+    assert len(seen) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    if HAS_CUDA:
+        assert triton_kernels.use_fused_gemv_prologue(x.cuda(), w.cuda())
+    assert not triton_kernels.use_fused_gemv_prologue(x.cpu(), w.cpu())
