@@ -1,6 +1,7 @@
 """The GEMV with its input computed in its K loop (layers/triton_kernels/gemv_prologue.py):
 RMSNorm -> GEMV and SiLU-and-mul -> GEMV against the unfused Triton kernels (bit for bit under
-the interpreter) and a float64 reference.
+the interpreter) and a float64 reference, and their use in the Llama decoder layer (on by default
+at one row on CUDA; SGLANG_FUSED_GEMV_PROLOGUE=0 turns only the fusion off).
 
 Without CUDA the kernels run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
 set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small.
@@ -16,7 +17,15 @@ from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITO
 
 triton = pytest.importorskip("triton")
 
-from sglang.srt.layers import triton_kernels  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.layers import (  # noqa: E402
+    activation,
+    fused_linear,
+    layernorm,
+    linear,
+    triton_kernels,
+)
+from sglang.srt.layers.triton_kernels import gemv_prologue  # noqa: E402
 from sglang.srt.layers.triton_kernels.activation import silu_and_mul  # noqa: E402
 from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv  # noqa: E402
 from sglang.srt.layers.triton_kernels.gemv_prologue import (  # noqa: E402
@@ -24,6 +33,12 @@ from sglang.srt.layers.triton_kernels.gemv_prologue import (  # noqa: E402
     gemv_silu_mul,
 )
 from sglang.srt.layers.triton_kernels.rmsnorm import rmsnorm  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
+from sglang.srt.model_loader.loader import get_model  # noqa: E402
+from sglang.srt.speculative.draft_config import load_draft_model  # noqa: E402
+from sglang.test.forward_harness import ForwardHarness  # noqa: E402
+from sglang.test.tiny_eagle import make_tiny_eagle_dir  # noqa: E402
+from sglang.test.tiny_models import make_tiny_model_dir  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Against the float64 reference: one rounding of the output plus the rounded intermediates.
@@ -177,3 +192,160 @@ def test_gate_needs_the_gemv_gate_and_the_flag(monkeypatch) -> None:
     if HAS_CUDA:
         assert triton_kernels.use_fused_gemv_prologue(x.cuda(), w.cuda())
     assert not triton_kernels.use_fused_gemv_prologue(x.cpu(), w.cpu())
+
+
+def _cpu_gate(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """use_fused_gemv_prologue without its CUDA condition (the kernels run interpreted)."""
+    return (
+        triton_kernels.FUSED_GEMV_PROLOGUE_ENABLED
+        and triton_kernels.TRITON_GEMV_ENABLED
+        and triton_kernels.gemv_applies(x, weight)
+    )
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch) -> dict[str, int]:
+    """Every Triton path of a decoder layer on CPU tensors (the rotary embedding excepted): the
+    RMSNorm and SiLU kernels, the GEMV and the fused GEMVs, whose calls are counted."""
+    calls = {"gemv_rmsnorm": 0, "gemv_silu_mul": 0}
+    for name in calls:
+        real = getattr(gemv_prologue, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(gemv_prologue, name, spy)
+    monkeypatch.setattr(layernorm, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(activation, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(
+        linear,
+        "use_triton_gemv",
+        lambda x, w: triton_kernels.TRITON_GEMV_ENABLED and triton_kernels.gemv_applies(x, w),
+    )
+    monkeypatch.setattr(fused_linear, "use_fused_gemv_prologue", _cpu_gate)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tiny_model_dir, tmp_path_factory):
+    """get(arch) -> (model, ModelConfig): a 2-layer tiny model in bfloat16, EAGLE-3 capture on
+    (inputs of layers 0, 1 and the last layer's output). Qwen2 has a qkv bias."""
+    built: dict[str, tuple] = {}
+
+    def get(arch: str = "LlamaForCausalLM"):
+        if arch not in built:
+            path = tiny_model_dir
+            if arch != "LlamaForCausalLM":
+                path = make_tiny_model_dir(str(tmp_path_factory.mktemp(arch)), arch=arch)
+            with torch.device("cpu"):
+                mc = ModelConfig(path, dtype="bfloat16")
+                model = get_model(mc, device=DEVICE)
+            model.set_eagle3_layers_to_capture([-1, 0, 1])
+            built[arch] = model, mc
+        return built[arch]
+
+    return get
+
+
+def _prefill_then_decode(model, mc) -> list[torch.Tensor]:
+    """A 5-token prefill (unfused: 5 rows) then two batch-1 decode steps; per forward the
+    logits and the captured aux states."""
+    harness = ForwardHarness(model, mc, device=DEVICE)
+    req = harness.new_request()
+    outs = []
+    for ids in ([1, 2, 3, 4, 5], [6], [7]):
+        out = harness.forward([(req, ids)], capture_hidden_mode=CaptureHiddenMode.FULL)
+        outs += [out.next_token_logits, out.hidden_states]
+    return outs
+
+
+def _counts(calls: dict[str, int]) -> tuple[int, int]:
+    return calls["gemv_rmsnorm"], calls["gemv_silu_mul"]
+
+
+@pytest.mark.parametrize(
+    "arch,fused_flag",
+    [("LlamaForCausalLM", True), ("LlamaForCausalLM", False), ("Qwen2ForCausalLM", True)],
+)
+def test_decode_equal_with_and_without_fusion(
+    monkeypatch, triton_on_cpu, tiny_bf16, arch, fused_flag
+) -> None:
+    """Logits and EAGLE-3 aux states of the tiny model (bf16) equal bit for bit with the fusion
+    on and off (the unfused path: the RMSNorm and SiLU kernels and the GEMV); the flag decides
+    whether the fused GEMVs run: two norms and one SiLU per layer per decode step."""
+    model, mc = tiny_bf16(arch)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", False)
+    unfused = _prefill_then_decode(model, mc)
+    assert _counts(triton_on_cpu) == (0, 0)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", fused_flag)
+    fused = _prefill_then_decode(model, mc)
+    steps, layers = 2, mc.num_hidden_layers
+    assert _counts(triton_on_cpu) == (
+        (2 * layers * steps, layers * steps) if fused_flag else (0, 0)
+    )
+    assert fused[3].shape == (1, 3 * mc.hidden_size)  # a decode step's aux states
+    for a, b in zip(fused, unfused, strict=True):
+        _exact_or_close(a, b, torch.bfloat16)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)  # the GEMV gate: off too
+    triton_on_cpu.update(gemv_rmsnorm=0, gemv_silu_mul=0)
+    torch_path = _prefill_then_decode(model, mc)
+    assert _counts(triton_on_cpu) == (0, 0)
+    for a, b in zip(fused, torch_path, strict=True):
+        torch.testing.assert_close(a, b, atol=0.1, rtol=0.05)
+
+
+def test_eagle_draft_layer_without_input_norm(
+    monkeypatch, triton_on_cpu, tiny_model_dir, tmp_path
+) -> None:
+    """An EAGLE (v1) draft of two layers reuses LlamaDecoderLayer; layer 0 has no input norm
+    (nn.Identity), so only its post-attention norm fuses. Steps equal with the fusion off."""
+    with torch.device("cpu"):
+        mc = ModelConfig(tiny_model_dir, dtype="bfloat16")
+        target = get_model(mc, device=DEVICE)
+    d = make_tiny_eagle_dir(str(tmp_path / "eagle"), tiny_model_dir, seed=1, num_layers=2)
+    draft = load_draft_model(d, target, mc, algorithm="EAGLE").to(DEVICE)
+
+    def run() -> list[torch.Tensor]:
+        harness = ForwardHarness(draft, ModelConfig(d, dtype="bfloat16"), device=DEVICE)
+        slot, hidden, outs = harness.new_request(), _randn(3, mc.hidden_size, seed=7), []
+        for ids in ([11, 12, 13], [14], [15]):
+            batch = harness.build_batch([(slot, ids)])
+            harness.attn_backend.init_forward_metadata(batch)
+            out = draft(batch.input_ids, batch.positions, batch, hidden.to(torch.bfloat16))
+            hidden = out.hidden_states
+            outs += [out.logits, out.hidden_states]
+        return outs
+
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", False)
+    unfused = run()
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    fused = run()
+    assert _counts(triton_on_cpu) == (2 * 3, 2 * 2)  # per step: 1 + 2 norms, 2 SiLUs
+    for a, b in zip(fused, unfused, strict=True):
+        _exact_or_close(a, b, torch.bfloat16)
+
+
+def test_applies_only_to_the_plain_pair(monkeypatch, triton_on_cpu, tiny_bf16) -> None:
+    """Identity norms (EAGLE layer 0), tensor parallelism, two rows and float32 keep the
+    unfused modules."""
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    layer = tiny_bf16()[0].model.layers[0]
+    norm, qkv, mlp = layer.input_layernorm, layer.self_attn.qkv_proj, layer.mlp
+    x = torch.randn(1, qkv.input_size, dtype=torch.bfloat16)
+    gate_up = torch.randn(1, 2 * mlp.down_proj.input_size, dtype=torch.bfloat16)
+    applies = fused_linear.rmsnorm_linear_applies
+    assert applies(norm, qkv, x, None) and applies(norm, qkv, x, x.clone())
+    assert fused_linear.silu_mul_linear_applies(gate_up, mlp.down_proj)
+    assert not applies(torch.nn.Identity(), qkv, x, None)
+    assert not applies(norm, mlp.down_proj, x, None)  # a row-parallel layer after a norm
+    assert not applies(norm, qkv, torch.cat([x, x]), None)
+    assert not applies(norm, qkv, x, x.float())
+    assert not applies(norm, qkv, x.float(), None)
+    assert not fused_linear.silu_mul_linear_applies(torch.cat([gate_up, gate_up]), mlp.down_proj)
+    assert not fused_linear.silu_mul_linear_applies(gate_up[:, :-2], mlp.down_proj)
+    monkeypatch.setattr(qkv, "tp_size", 2)
+    monkeypatch.setattr(mlp.down_proj, "tp_size", 2)
+    assert not applies(norm, qkv, x, None)
+    assert not fused_linear.silu_mul_linear_applies(gate_up, mlp.down_proj)
