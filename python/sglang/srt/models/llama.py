@@ -2,7 +2,10 @@
 
 Layout follows HF `LlamaForCausalLM` so checkpoints load by name; q/k/v and gate/up are fused
 (qkv_proj, gate_up_proj) and attention goes through RadixAttention and the attention backend.
-Qwen2 reuses every class here with different bias flags (models/qwen2.py).
+Qwen2 reuses every class here with different bias flags (models/qwen2.py). At one row on CUDA
+(batch-1 decode) the decoder layer runs each RMSNorm inside the next GEMV and the MLP its
+SiLU-and-mul inside down_proj's GEMV (layers/fused_linear.py); the results are those of the
+unfused Triton kernels.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.fused_linear import (
+    rmsnorm_linear,
+    rmsnorm_linear_applies,
+    silu_mul_linear,
+    silu_mul_linear_applies,
+)
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     MergedColumnParallelLinear,
@@ -54,6 +63,13 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         gate_up, _ = self.gate_up_proj(x)  # [T, 2 * I / tp]
+        return self.down(gate_up)
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 * I / tp] -> [T, H]
+        """down_proj(silu(gate) * up); at one row on CUDA the SiLU-and-mul runs inside the
+        down GEMV (layers/fused_linear.py), else SiluAndMul then down_proj."""
+        if silu_mul_linear_applies(gate_up, self.down_proj):
+            return silu_mul_linear(gate_up, self.down_proj)
         out, _ = self.down_proj(self.act_fn(gate_up))
         return out
 
@@ -90,9 +106,14 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch
+        self,
+        positions: torch.Tensor,  # [T] int64
+        hidden_states: torch.Tensor | None,  # [T, H] normed; not read when qkv is given
+        forward_batch: ForwardBatch,
+        qkv: torch.Tensor | None = None,  # [T, q_size + 2 * kv_size]: qkv_proj's output
     ) -> torch.Tensor:  # [T, H]
-        qkv, _ = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
+        if qkv is None:
+            qkv, _ = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         attn_out = self.attn(q, k, v, forward_batch)  # [T, num_heads * head_dim]
@@ -127,12 +148,22 @@ class LlamaDecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
         residual: torch.Tensor | None,  # [T, H] or None for the first layer
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+        # At one row on CUDA each norm runs inside the GEMV after it (layers/fused_linear.py).
+        norm, qkv_proj = self.input_layernorm, self.self_attn.qkv_proj
+        if rmsnorm_linear_applies(norm, qkv_proj, hidden_states, residual):
+            qkv, residual = rmsnorm_linear(norm, qkv_proj, hidden_states, residual)
+            hidden_states = self.self_attn(positions, None, forward_batch, qkv=qkv)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
+            if residual is None:
+                residual = hidden_states
+                hidden_states = self.input_layernorm(hidden_states)
+            else:
+                hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            hidden_states = self.self_attn(positions, hidden_states, forward_batch)
+        norm, gate_up_proj = self.post_attention_layernorm, self.mlp.gate_up_proj
+        if rmsnorm_linear_applies(norm, gate_up_proj, hidden_states, residual):
+            gate_up, residual = rmsnorm_linear(norm, gate_up_proj, hidden_states, residual)
+            return self.mlp.down(gate_up), residual
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 

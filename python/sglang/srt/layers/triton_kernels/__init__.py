@@ -8,6 +8,9 @@ The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
 ``use_triton_gemv(x, weight)`` is true; SGLANG_TRITON_GEMV=0 turns it off (on by default since
 the H200 measured it: Llama-3.1-8B-shaped batch-1 decode 4.97 -> 4.54 ms per step, roofline
 fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results/*_r8).
+Where the GEMV applies, ``use_fused_gemv_prologue`` also lets it compute its own input
+(gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py);
+SGLANG_FUSED_GEMV_PROLOGUE=0 turns only that fusion off.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
 """
 
@@ -70,3 +73,25 @@ def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     enabled (SGLANG_TRITON_GEMV not "0"), x is on CUDA and gemv_applies(x, weight). Anything else
     stays on F.linear / torch.matmul (which raise their own errors on bad shapes)."""
     return TRITON_GEMV_ENABLED and x.is_cuda and gemv_applies(x, weight)
+
+
+def _fused_gemv_prologue_enabled() -> bool:
+    flag = env_flag("FUSED_GEMV_PROLOGUE").strip().lower()
+    return flag not in ("0", "false", "no", "off")
+
+
+# Decided once at import: SGLANG_FUSED_GEMV_PROLOGUE is not "0" (on by default; the GEMV's own
+# switches above still apply, see use_fused_gemv_prologue).
+FUSED_GEMV_PROLOGUE_ENABLED: bool = _fused_gemv_prologue_enabled()
+
+# Largest hidden size the RMSNorm prologue takes: each program reduces the whole row at once.
+NORM_PROLOGUE_MAX_HIDDEN = 16384
+
+
+def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when the GEMV of ``x @ weight.T`` should compute x itself in its K loop
+    (gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down): x is the GEMV
+    input the unfused path would make (or a view of that shape, dtype and device), the Triton
+    GEMV would take it (use_triton_gemv: SGLANG_TRITON_GEMV and SGLANG_DISABLE_TRITON_KERNELS
+    apply) and SGLANG_FUSED_GEMV_PROLOGUE is not "0"."""
+    return FUSED_GEMV_PROLOGUE_ENABLED and use_triton_gemv(x, weight)

@@ -1,0 +1,351 @@
+"""The GEMV with its input computed in its K loop (layers/triton_kernels/gemv_prologue.py):
+RMSNorm -> GEMV and SiLU-and-mul -> GEMV against the unfused Triton kernels (bit for bit under
+the interpreter) and a float64 reference, and their use in the Llama decoder layer (on by default
+at one row on CUDA; SGLANG_FUSED_GEMV_PROLOGUE=0 turns only the fusion off).
+
+Without CUDA the kernels run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
+set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
+
+triton = pytest.importorskip("triton")
+
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.layers import (  # noqa: E402
+    activation,
+    fused_linear,
+    layernorm,
+    linear,
+    triton_kernels,
+)
+from sglang.srt.layers.triton_kernels import gemv_prologue  # noqa: E402
+from sglang.srt.layers.triton_kernels.activation import silu_and_mul  # noqa: E402
+from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv  # noqa: E402
+from sglang.srt.layers.triton_kernels.gemv_prologue import (  # noqa: E402
+    gemv_rmsnorm,
+    gemv_silu_mul,
+)
+from sglang.srt.layers.triton_kernels.rmsnorm import rmsnorm  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
+from sglang.srt.model_loader.loader import get_model  # noqa: E402
+from sglang.srt.speculative.draft_config import load_draft_model  # noqa: E402
+from sglang.test.forward_harness import ForwardHarness  # noqa: E402
+from sglang.test.tiny_eagle import make_tiny_eagle_dir  # noqa: E402
+from sglang.test.tiny_models import make_tiny_model_dir  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# Against the float64 reference: one rounding of the output plus the rounded intermediates.
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+SMALL_TILE = GemvTile(4, 64, 2)  # several K steps and a partial last one at these sizes
+EPS = 1e-5
+
+
+def _exact_or_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Bit for bit under the interpreter. Compiled, the sum of squares of the norm may reduce in
+    another order than rmsnorm.py's (gemv_prologue.py's docstring): one rounding step apart."""
+    if HAS_CUDA:
+        torch.testing.assert_close(out, ref, atol=ATOL[dtype], rtol=RTOL[dtype])
+    else:
+        assert torch.equal(out, ref)
+
+
+@pytest.fixture(autouse=True)
+def _default_device(monkeypatch):
+    """Tensors on DEVICE; the layers' dispatch off unless a test turns it on."""
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)
+    with torch.device(DEVICE):
+        yield
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)  # a CPU generator: same draws on every device
+    return torch.randn(*shape, generator=g, device="cpu").to(DEVICE) * scale
+
+
+def _norm_operands(n: int, h: int, dtype: torch.dtype, seed: int = 0):
+    """x, residual [1, h]; norm weight [h] around 1; weight [n, h] with O(1) outputs; bias [n]."""
+    x = (_randn(1, h, seed=seed) * 3).to(dtype)
+    res = _randn(1, h, seed=seed + 1).to(dtype)
+    nw = (1 + _randn(h, seed=seed + 2, scale=0.2)).to(dtype)
+    w = _randn(n, h, seed=seed + 3, scale=h**-0.5).to(dtype)
+    b = _randn(n, seed=seed + 4).to(dtype)
+    return x, res, nw, w, b
+
+
+def _ref_norm_linear(x, res, nw, w, b) -> torch.Tensor:
+    """float64 RMSNorm then linear, no intermediate rounding."""
+    h = x.double() if res is None else x.double() + res.double()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * nw.double()
+    return F.linear(normed, w.double(), None if b is None else b.double()).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------- kernels
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("n,h,tile", [(37, 300, None), (37, 300, SMALL_TILE), (24, 1000, None)])
+def test_gemv_rmsnorm_equals_unfused(dtype, with_residual, with_bias, n, h, tile) -> None:
+    """Against rmsnorm then gemv (same tile): exact; against float64: within rounding. H and N
+    are not multiples of the tiles; h = 1000 takes two K steps of the default 512."""
+    x, res, nw, w, b = _norm_operands(n, h, dtype)
+    res = res if with_residual else None
+    b = b if with_bias else None
+    x_before = x.clone()
+    y, res_out = gemv_rmsnorm(x, nw, EPS, w, b, res, tile=tile)
+    assert y.shape == (1, n) and y.dtype == dtype and y.is_contiguous()
+
+    if res is None:
+        normed, unfused_res = rmsnorm(x, nw, EPS), None
+        assert res_out is None
+    else:
+        normed, unfused_res = rmsnorm(x, nw, EPS, res)
+        assert torch.equal(res_out, x + res)  # one rounded add, as torch rounds it
+        assert torch.equal(res_out, unfused_res)
+    _exact_or_close(y, gemv(normed, w, b, tile=tile), dtype)
+    torch.testing.assert_close(
+        y, _ref_norm_linear(x, res, nw, w, b), atol=ATOL[dtype], rtol=RTOL[dtype]
+    )
+    assert torch.equal(x, x_before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,inter,tile", [(37, 300, None), (37, 300, SMALL_TILE), (8, 600, None)])
+def test_gemv_silu_mul_equals_unfused(dtype, n, inter, tile) -> None:
+    gate_up = (_randn(1, 2 * inter, seed=5) * 3).to(dtype)
+    w = _randn(n, inter, seed=6, scale=inter**-0.5).to(dtype)
+    y = gemv_silu_mul(gate_up, w, tile=tile)
+    assert y.shape == (1, n) and y.dtype == dtype
+    assert torch.equal(y, gemv(silu_and_mul(gate_up), w, tile=tile))  # elementwise: exact
+    g, u = gate_up.double().chunk(2, dim=-1)
+    ref = F.linear(F.silu(g) * u, w.double()).to(dtype)
+    torch.testing.assert_close(y, ref, atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+def test_prologue_kernels_reject_unsupported_inputs() -> None:
+    x, res, nw, w, b = _norm_operands(16, 32, torch.bfloat16)
+    bad_norm = {
+        "two rows": dict(x=torch.cat([x, x])),
+        "1-D x": dict(x=x[0]),
+        "dtype mismatch": dict(w=w.float()),
+        "K mismatch": dict(w=w[:, :31].contiguous()),
+        "non-contiguous weight": dict(w=w.t().contiguous().t()),
+        "norm weight shape": dict(nw=nw[:31]),
+        "norm weight dtype": dict(nw=nw.float()),
+        "residual dtype": dict(res=res.half()),
+        "bias shape": dict(b=b[:15]),
+        "x strided along K": dict(x=torch.randn(1, 64, dtype=torch.bfloat16)[:, ::2]),
+        "too wide": dict(x=torch.zeros(1, 16385, dtype=torch.bfloat16)),
+    }
+    for what, change in bad_norm.items():
+        kw = dict(x=x, nw=nw, w=w, b=b, res=res) | change
+        with pytest.raises(ValueError, match="gemv_rmsnorm"):
+            gemv_rmsnorm(kw["x"], kw["nw"], EPS, kw["w"], kw["b"], kw["res"])
+            pytest.fail(what)
+    gate_up = torch.randn(1, 64, dtype=torch.bfloat16)
+    for what, (gu, ww) in {
+        "odd width": (gate_up[:, :63], w),
+        "K mismatch": (gate_up, w[:, :16].contiguous()),
+        "strided": (torch.randn(1, 128, dtype=torch.bfloat16)[:, ::2], w),
+        "dtype mismatch": (gate_up, w.half()),
+    }.items():
+        with pytest.raises(ValueError, match="gemv_silu_mul"):
+            gemv_silu_mul(gu, ww)
+            pytest.fail(what)
+
+
+# ------------------------------------------------------------------------------- dispatch
+
+
+def test_flag_is_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("SGLANG_FUSED_GEMV_PROLOGUE", raising=False)
+    assert triton_kernels._fused_gemv_prologue_enabled()  # on by default
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", off)
+        assert not triton_kernels._fused_gemv_prologue_enabled()
+    monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", "1")
+    assert triton_kernels._fused_gemv_prologue_enabled()
+
+
+def test_gate_needs_the_gemv_gate_and_the_flag(monkeypatch) -> None:
+    """use_fused_gemv_prologue = the flag and use_triton_gemv (so SGLANG_TRITON_GEMV=0 and
+    SGLANG_DISABLE_TRITON_KERNELS=1 turn the fusion off too); never on CPU tensors."""
+    x, w = torch.randn(1, 32, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    seen = []
+    monkeypatch.setattr(triton_kernels, "use_triton_gemv", lambda *a: seen.append(a) or True)
+    for flag in (False, True):
+        monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", flag)
+        assert triton_kernels.use_fused_gemv_prologue(x, w) == flag
+    assert len(seen) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    if HAS_CUDA:
+        assert triton_kernels.use_fused_gemv_prologue(x.cuda(), w.cuda())
+    assert not triton_kernels.use_fused_gemv_prologue(x.cpu(), w.cpu())
+
+
+def _cpu_gate(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """use_fused_gemv_prologue without its CUDA condition (the kernels run interpreted)."""
+    return (
+        triton_kernels.FUSED_GEMV_PROLOGUE_ENABLED
+        and triton_kernels.TRITON_GEMV_ENABLED
+        and triton_kernels.gemv_applies(x, weight)
+    )
+
+
+@pytest.fixture
+def triton_on_cpu(monkeypatch) -> dict[str, int]:
+    """Every Triton path of a decoder layer on CPU tensors (the rotary embedding excepted): the
+    RMSNorm and SiLU kernels, the GEMV and the fused GEMVs, whose calls are counted."""
+    calls = {"gemv_rmsnorm": 0, "gemv_silu_mul": 0}
+    for name in calls:
+        real = getattr(gemv_prologue, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(gemv_prologue, name, spy)
+    monkeypatch.setattr(layernorm, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(activation, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(
+        linear,
+        "use_triton_gemv",
+        lambda x, w: triton_kernels.TRITON_GEMV_ENABLED and triton_kernels.gemv_applies(x, w),
+    )
+    monkeypatch.setattr(fused_linear, "use_fused_gemv_prologue", _cpu_gate)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tiny_model_dir, tmp_path_factory):
+    """get(arch) -> (model, ModelConfig): a 2-layer tiny model in bfloat16, EAGLE-3 capture on
+    (inputs of layers 0, 1 and the last layer's output). Qwen2 has a qkv bias."""
+    built: dict[str, tuple] = {}
+
+    def get(arch: str = "LlamaForCausalLM"):
+        if arch not in built:
+            path = tiny_model_dir
+            if arch != "LlamaForCausalLM":
+                path = make_tiny_model_dir(str(tmp_path_factory.mktemp(arch)), arch=arch)
+            with torch.device("cpu"):
+                mc = ModelConfig(path, dtype="bfloat16")
+                model = get_model(mc, device=DEVICE)
+            model.set_eagle3_layers_to_capture([-1, 0, 1])
+            built[arch] = model, mc
+        return built[arch]
+
+    return get
+
+
+def _prefill_then_decode(model, mc) -> list[torch.Tensor]:
+    """A 5-token prefill (unfused: 5 rows) then two batch-1 decode steps; per forward the
+    logits and the captured aux states."""
+    harness = ForwardHarness(model, mc, device=DEVICE)
+    req = harness.new_request()
+    outs = []
+    for ids in ([1, 2, 3, 4, 5], [6], [7]):
+        out = harness.forward([(req, ids)], capture_hidden_mode=CaptureHiddenMode.FULL)
+        outs += [out.next_token_logits, out.hidden_states]
+    return outs
+
+
+def _counts(calls: dict[str, int]) -> tuple[int, int]:
+    return calls["gemv_rmsnorm"], calls["gemv_silu_mul"]
+
+
+@pytest.mark.parametrize(
+    "arch,fused_flag",
+    [("LlamaForCausalLM", True), ("LlamaForCausalLM", False), ("Qwen2ForCausalLM", True)],
+)
+def test_decode_equal_with_and_without_fusion(
+    monkeypatch, triton_on_cpu, tiny_bf16, arch, fused_flag
+) -> None:
+    """Logits and EAGLE-3 aux states of the tiny model (bf16) equal bit for bit with the fusion
+    on and off (the unfused path: the RMSNorm and SiLU kernels and the GEMV); the flag decides
+    whether the fused GEMVs run: two norms and one SiLU per layer per decode step."""
+    model, mc = tiny_bf16(arch)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", False)
+    unfused = _prefill_then_decode(model, mc)
+    assert _counts(triton_on_cpu) == (0, 0)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", fused_flag)
+    fused = _prefill_then_decode(model, mc)
+    steps, layers = 2, mc.num_hidden_layers
+    assert _counts(triton_on_cpu) == (
+        (2 * layers * steps, layers * steps) if fused_flag else (0, 0)
+    )
+    assert fused[3].shape == (1, 3 * mc.hidden_size)  # a decode step's aux states
+    for a, b in zip(fused, unfused, strict=True):
+        _exact_or_close(a, b, torch.bfloat16)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)  # the GEMV gate: off too
+    triton_on_cpu.update(gemv_rmsnorm=0, gemv_silu_mul=0)
+    torch_path = _prefill_then_decode(model, mc)
+    assert _counts(triton_on_cpu) == (0, 0)
+    for a, b in zip(fused, torch_path, strict=True):
+        torch.testing.assert_close(a, b, atol=0.1, rtol=0.05)
+
+
+def test_eagle_draft_layer_without_input_norm(
+    monkeypatch, triton_on_cpu, tiny_model_dir, tmp_path
+) -> None:
+    """An EAGLE (v1) draft of two layers reuses LlamaDecoderLayer; layer 0 has no input norm
+    (nn.Identity), so only its post-attention norm fuses. Steps equal with the fusion off."""
+    with torch.device("cpu"):
+        mc = ModelConfig(tiny_model_dir, dtype="bfloat16")
+        target = get_model(mc, device=DEVICE)
+    d = make_tiny_eagle_dir(str(tmp_path / "eagle"), tiny_model_dir, seed=1, num_layers=2)
+    draft = load_draft_model(d, target, mc, algorithm="EAGLE").to(DEVICE)
+
+    def run() -> list[torch.Tensor]:
+        harness = ForwardHarness(draft, ModelConfig(d, dtype="bfloat16"), device=DEVICE)
+        slot, hidden, outs = harness.new_request(), _randn(3, mc.hidden_size, seed=7), []
+        for ids in ([11, 12, 13], [14], [15]):
+            batch = harness.build_batch([(slot, ids)])
+            harness.attn_backend.init_forward_metadata(batch)
+            out = draft(batch.input_ids, batch.positions, batch, hidden.to(torch.bfloat16))
+            hidden = out.hidden_states
+            outs += [out.logits, out.hidden_states]
+        return outs
+
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", False)
+    unfused = run()
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    fused = run()
+    assert _counts(triton_on_cpu) == (2 * 3, 2 * 2)  # per step: 1 + 2 norms, 2 SiLUs
+    for a, b in zip(fused, unfused, strict=True):
+        _exact_or_close(a, b, torch.bfloat16)
+
+
+def test_applies_only_to_the_plain_pair(monkeypatch, triton_on_cpu, tiny_bf16) -> None:
+    """Identity norms (EAGLE layer 0), tensor parallelism, two rows and float32 keep the
+    unfused modules."""
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    layer = tiny_bf16()[0].model.layers[0]
+    norm, qkv, mlp = layer.input_layernorm, layer.self_attn.qkv_proj, layer.mlp
+    x = torch.randn(1, qkv.input_size, dtype=torch.bfloat16)
+    gate_up = torch.randn(1, 2 * mlp.down_proj.input_size, dtype=torch.bfloat16)
+    applies = fused_linear.rmsnorm_linear_applies
+    assert applies(norm, qkv, x, None) and applies(norm, qkv, x, x.clone())
+    assert fused_linear.silu_mul_linear_applies(gate_up, mlp.down_proj)
+    assert not applies(torch.nn.Identity(), qkv, x, None)
+    assert not applies(norm, mlp.down_proj, x, None)  # a row-parallel layer after a norm
+    assert not applies(norm, qkv, torch.cat([x, x]), None)
+    assert not applies(norm, qkv, x, x.float())
+    assert not applies(norm, qkv, x.float(), None)
+    assert not fused_linear.silu_mul_linear_applies(torch.cat([gate_up, gate_up]), mlp.down_proj)
+    assert not fused_linear.silu_mul_linear_applies(gate_up[:, :-2], mlp.down_proj)
+    monkeypatch.setattr(qkv, "tp_size", 2)
+    monkeypatch.setattr(mlp.down_proj, "tp_size", 2)
+    assert not applies(norm, qkv, x, None)
+    assert not fused_linear.silu_mul_linear_applies(gate_up, mlp.down_proj)
