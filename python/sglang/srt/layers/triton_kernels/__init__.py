@@ -8,6 +8,8 @@ The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
 ``use_triton_gemv(x, weight)`` is true; SGLANG_TRITON_GEMV=0 turns it off (on by default since
 the H200 measured it: Llama-3.1-8B-shaped batch-1 decode 4.97 -> 4.54 ms per step, roofline
 fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results/*_r8).
+RoPE fused with the KV store (rope_kv.py) runs where ``use_fused_rope_kv(q)`` is true and the
+layer's step qualifies (layers/fused_rope_kv.py); SGLANG_FUSED_ROPE_KV=0 turns only it off.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
 """
 
@@ -70,3 +72,19 @@ def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     enabled (SGLANG_TRITON_GEMV not "0"), x is on CUDA and gemv_applies(x, weight). Anything else
     stays on F.linear / torch.matmul (which raise their own errors on bad shapes)."""
     return TRITON_GEMV_ENABLED and x.is_cuda and gemv_applies(x, weight)
+
+
+def _fused_rope_kv_enabled() -> bool:
+    flag = env_flag("FUSED_ROPE_KV").strip().lower()
+    return _triton_enabled() and flag not in ("0", "false", "no", "off")
+
+
+# Decided once at import: the Triton kernels are enabled and SGLANG_FUSED_ROPE_KV is not "0".
+FUSED_ROPE_KV_ENABLED: bool = _fused_rope_kv_enabled()
+
+
+def use_fused_rope_kv(tensor: torch.Tensor) -> bool:
+    """True when RoPE and the KV store may run as one kernel for this tensor (CUDA, the Triton
+    kernels enabled, SGLANG_FUSED_ROPE_KV not "0"); the step's own conditions are checked by
+    layers/fused_rope_kv.fused_rope_kv_applies."""
+    return FUSED_ROPE_KV_ENABLED and tensor.is_cuda
