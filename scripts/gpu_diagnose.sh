@@ -88,6 +88,7 @@ case "$PART" in
     timeout -k 5 "${T_BOX_S:-540}" python3 -m pytest test/srt/test_fused_verify.py test/srt/test_draft_state.py \
       test/srt/test_spec_engine.py \
       test/srt/test_overlap_schedule.py test/srt/test_triton_gemv.py test/srt/test_kv_store.py \
+      test/srt/test_fused_rope_kv.py \
       test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \
       test/srt/test_output_messages.py test/srt/test_detokenizer.py \
       test/srt/test_deferred_draft_extend.py test/srt/test_radix_cache.py \

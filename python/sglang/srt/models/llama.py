@@ -23,6 +23,7 @@ from sglang.srt.layers.fused_linear import (
     silu_mul_linear,
     silu_mul_linear_applies,
 )
+from sglang.srt.layers.fused_rope_kv import rope_and_save_kv
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     MergedColumnParallelLinear,
@@ -115,8 +116,11 @@ class LlamaAttention(nn.Module):
         if qkv is None:
             qkv, _ = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
-        attn_out = self.attn(q, k, v, forward_batch)  # [T, num_heads * head_dim]
+        # RoPE, fused with the KV store when the step allows (layers/fused_rope_kv.py)
+        q, k, kv_saved = rope_and_save_kv(
+            self.rotary_emb, self.attn, positions, q, k, v, forward_batch
+        )
+        attn_out = self.attn(q, k, v, forward_batch, save_kv_cache=not kv_saved)  # [T, Hq * D]
         out, _ = self.o_proj(attn_out)
         return out
 

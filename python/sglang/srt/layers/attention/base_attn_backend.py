@@ -20,6 +20,12 @@ class AttentionBackend(ABC):
     req_to_token[req_pool_indices[i], :seq_lens[i]], causally masked.
     """
 
+    # True when forward(save_kv_cache=True) stores K/V exactly as
+    # token_to_kv_pool.set_kv_buffer(layer.layer_id, out_cache_loc, k, v) and, with
+    # save_kv_cache=False, reads K/V only from the pool: then a layer may store them itself
+    # (RoPE fused with the store, layers/fused_rope_kv.py) and pass save_kv_cache=False.
+    saves_kv_through_pool: bool = False
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Precompute per-forward metadata (index tensors, plans) once for all layers."""
 

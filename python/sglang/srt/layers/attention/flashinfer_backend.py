@@ -109,6 +109,7 @@ class FlashInferAttnBackend(AttentionBackend):
     cannot be found; ImportError without flashinfer."""
 
     supports_cuda_graph = True
+    saves_kv_through_pool = True  # forward: pool.set_kv_buffer, then reads the pool
 
     def __init__(self, model_runner, num_qo_heads: int | None = None) -> None:
         from flashinfer import (

@@ -74,6 +74,8 @@ class TritonAttnBackend(AttentionBackend):
     Raises ValueError on a CPU model runner unless TRITON_INTERPRET=1 is set.
     """
 
+    saves_kv_through_pool = True  # forward: pool.set_kv_buffer, then reads the pool
+
     def __init__(self, model_runner=None, decode_num_splits: int | None = None) -> None:
         self.model_runner = model_runner
         self.forced_decode_splits = decode_num_splits

@@ -11,6 +11,8 @@ fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results
 Where the GEMV applies, ``use_fused_gemv_prologue`` also lets it compute its own input
 (gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py);
 SGLANG_FUSED_GEMV_PROLOGUE=0 turns only that fusion off.
+RoPE fused with the KV store (rope_kv.py) runs where ``use_fused_rope_kv(q)`` is true and the
+layer's step qualifies (layers/fused_rope_kv.py); SGLANG_FUSED_ROPE_KV=0 turns only it off.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
 """
 
@@ -95,3 +97,19 @@ def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor) -> bool:
     GEMV would take it (use_triton_gemv: SGLANG_TRITON_GEMV and SGLANG_DISABLE_TRITON_KERNELS
     apply) and SGLANG_FUSED_GEMV_PROLOGUE is not "0"."""
     return FUSED_GEMV_PROLOGUE_ENABLED and use_triton_gemv(x, weight)
+
+
+def _fused_rope_kv_enabled() -> bool:
+    flag = env_flag("FUSED_ROPE_KV").strip().lower()
+    return _triton_enabled() and flag not in ("0", "false", "no", "off")
+
+
+# Decided once at import: the Triton kernels are enabled and SGLANG_FUSED_ROPE_KV is not "0".
+FUSED_ROPE_KV_ENABLED: bool = _fused_rope_kv_enabled()
+
+
+def use_fused_rope_kv(tensor: torch.Tensor) -> bool:
+    """True when RoPE and the KV store may run as one kernel for this tensor (CUDA, the Triton
+    kernels enabled, SGLANG_FUSED_ROPE_KV not "0"); the step's own conditions are checked by
+    layers/fused_rope_kv.fused_rope_kv_applies."""
+    return FUSED_ROPE_KV_ENABLED and tensor.is_cuda

@@ -16,6 +16,19 @@ from sglang.srt.layers.triton_kernels.rmsnorm import round_to
 
 
 @triton.jit
+def rotate_halves(x1, x2, cos, sin):
+    """(x1, x2) -> (x1*cos - x2*sin, x2*cos + x1*sin) in x1's dtype; cos/sin float32 values
+    already rounded to that dtype. Each product and sum is rounded to the dtype, as the
+    elementwise PyTorch path does (rope_kv.py shares this, so both kernels agree bit for bit)."""
+    dtype = x1.dtype
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    o1 = round_to(a * cos, dtype).to(tl.float32) + round_to(-b * sin, dtype).to(tl.float32)
+    o2 = round_to(b * cos, dtype).to(tl.float32) + round_to(a * sin, dtype).to(tl.float32)
+    return round_to(o1, dtype), round_to(o2, dtype)
+
+
+@triton.jit
 def _rope_heads(base_ptr, num_heads, cos, sin, HEAD_SIZE: tl.constexpr, HALF: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
     heads = tl.arange(0, BLOCK_H)[:, None]
@@ -24,14 +37,26 @@ def _rope_heads(base_ptr, num_heads, cos, sin, HEAD_SIZE: tl.constexpr, HALF: tl
     ptr1 = base_ptr + heads * HEAD_SIZE + dims
     x1 = tl.load(ptr1, mask=mask, other=0.0)
     x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0)
-    dtype = x1.dtype
-    a = x1.to(tl.float32)
-    b = x2.to(tl.float32)
-    # Round each product and sum to the tensor dtype, as the elementwise PyTorch path does.
-    o1 = round_to(a * cos, dtype).to(tl.float32) + round_to(-b * sin, dtype).to(tl.float32)
-    o2 = round_to(b * cos, dtype).to(tl.float32) + round_to(a * sin, dtype).to(tl.float32)
-    tl.store(ptr1, round_to(o1, dtype), mask=mask)
-    tl.store(ptr1 + HALF, round_to(o2, dtype), mask=mask)
+    o1, o2 = rotate_halves(x1, x2, cos, sin)
+    tl.store(ptr1, o1, mask=mask)
+    tl.store(ptr1 + HALF, o2, mask=mask)
+
+
+@triton.jit
+def cos_sin_row(pos_ptr, cache_ptr, token, cache_stride, max_position, dtype: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+    """cos, sin of token's position: [1, BLOCK_HALF] float32 holding values rounded to dtype
+    (the PyTorch path casts the float32 cache rows to q's dtype). Out-of-range positions read
+    row 0 instead of faulting (the PyTorch path raises)."""
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    pos = tl.where((pos >= 0) & (pos < max_position), pos, 0)
+    dims = tl.arange(0, BLOCK_HALF)
+    dmask = dims < HALF
+    cos = tl.load(cache_ptr + pos * cache_stride + dims, mask=dmask, other=0.0)
+    sin = tl.load(cache_ptr + pos * cache_stride + HALF + dims, mask=dmask, other=0.0)
+    cos = round_to(cos, dtype).to(tl.float32)[None, :]
+    sin = round_to(sin, dtype).to(tl.float32)[None, :]
+    return cos, sin
 
 
 @triton.jit
@@ -53,16 +78,8 @@ def _rope_kernel(
     BLOCK_HK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + token).to(tl.int64)
-    # Out-of-range positions read row 0 instead of faulting (the PyTorch path raises).
-    pos = tl.where((pos >= 0) & (pos < max_position), pos, 0)
-    dims = tl.arange(0, BLOCK_HALF)
-    dmask = dims < HALF
-    cos = tl.load(cache_ptr + pos * cache_stride + dims, mask=dmask, other=0.0)
-    sin = tl.load(cache_ptr + pos * cache_stride + HALF + dims, mask=dmask, other=0.0)
-    dtype = q_ptr.dtype.element_ty
-    cos = round_to(cos, dtype).to(tl.float32)[None, :]  # [1, BLOCK_HALF]
-    sin = round_to(sin, dtype).to(tl.float32)[None, :]
+    cos, sin = cos_sin_row(pos_ptr, cache_ptr, token, cache_stride, max_position,
+                           q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
     _rope_heads(q_ptr + token * q_stride, num_q_heads, cos, sin, HEAD_SIZE, HALF, BLOCK_HQ,
                 BLOCK_HALF)  # fmt: skip
     _rope_heads(k_ptr + token * k_stride, num_k_heads, cos, sin, HEAD_SIZE, HALF, BLOCK_HK,
