@@ -30,6 +30,11 @@
 #                                    # graphs (+ speculation), then SmolLM2 batch 1, both modes,
 #                                    # 192 steps and 8 TTFT rounds; results copied to $OUT as
 #                                    # they come (a call cut short keeps what finished)
+#   bash scripts/gpu_diagnose.sh L   # issue 6 fusions and launch cost: the fused-kernel tests,
+#                                    # the 8B batch-1 roofline with the GEMV prologues and the
+#                                    # RoPE + KV store fusion off, each alone off, and both on
+#                                    # (SGLANG_FUSED_GEMV_PROLOGUE / SGLANG_FUSED_ROPE_KV), then
+#                                    # bench_linear_launch.py (host us per F.linear by M)
 #   bash scripts/gpu_diagnose.sh P   # where both servers' processes spend a paired run at
 #                                    # c = P_CONC (default 2): SmolLM2, no_spec and adaptive up
 #                                    # at once, py-spy record (--idle, every thread and
@@ -43,7 +48,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|L|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -85,10 +90,10 @@ launch_ab() {  # SmolLM2 server sweeps with SGLANG_OVERLAP_THREAD=0 then 1 (the 
 
 case "$PART" in
   T)
-    timeout -k 5 "${T_BOX_S:-540}" python3 -m pytest test/srt/test_fused_verify.py test/srt/test_draft_state.py \
+    timeout -k 5 "${T_BOX_S:-540}" python3 -m pytest test/srt/test_fused_gemv_prologue.py \
+      test/srt/test_fused_rope_kv.py test/srt/test_fused_verify.py test/srt/test_draft_state.py \
       test/srt/test_spec_engine.py \
       test/srt/test_overlap_schedule.py test/srt/test_triton_gemv.py test/srt/test_kv_store.py \
-      test/srt/test_fused_rope_kv.py \
       test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \
       test/srt/test_output_messages.py test/srt/test_detokenizer.py \
       test/srt/test_deferred_draft_extend.py test/srt/test_radix_cache.py \
@@ -187,6 +192,26 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     grep -E "round|wrote" "$D/paired_pyspy_$TAG.log" | tail -20
     ls -la "$D"
     ;;
+  L)
+    timeout -k 5 "$(box 120)" python3 -m pytest test/srt/test_fused_gemv_prologue.py \
+      test/srt/test_fused_rope_kv.py -q -p no:cacheprovider -rf --tb=short \
+      > "$D/gpu_validate_fused_$TAG.log" 2>&1
+    echo "fused tests rc=$?"; tail -3 "$D/gpu_validate_fused_$TAG.log"
+    for cfg in "0 0" "1 0" "0 1" "1 1"; do
+      set -- $cfg
+      [ "$(left)" -lt 100 ] && { echo "no time left for prologue=$1 rope_kv=$2"; continue; }
+      SGLANG_FUSED_GEMV_PROLOGUE=$1 SGLANG_FUSED_ROPE_KV=$2 timeout -k 5 "$(box 100)" \
+        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
+        --result-file "$D/decode_roofline_prologue$1_ropekv$2_$TAG.json" \
+        > "$D/roofline_$1$2.log" 2>&1
+      echo "roofline prologue=$1 rope_kv=$2 rc=$? at $(( $(date +%s) - T0 )) s"
+      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
+        "$D/decode_roofline_prologue$1_ropekv$2_$TAG.json" 2>/dev/null | head -3
+    done
+    timeout -k 5 "$(box 90)" python3 benchmark/bench_linear_launch.py \
+      --result-file "$D/linear_launch_$TAG.json" > "$D/linear_launch.log" 2>&1
+    echo "linear launch rc=$?"; tail -4 "$D/linear_launch.log"
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -195,7 +220,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, L or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
