@@ -47,7 +47,7 @@ def random_eagle_state_dict(
     hd = cfg.get("head_dim") or h // nq
 
     def rand(*shape: int) -> torch.Tensor:
-        return std * torch.randn(shape, generator=gen)
+        return std * torch.randn(shape, generator=gen, device="cpu")
 
     state = {"fc.weight": rand(h, 2 * h)}
     if fc_bias:
@@ -63,7 +63,7 @@ def random_eagle_state_dict(
         state[p + "mlp.down_proj.weight"] = rand(h, inter)
         norms = ["post_attention_layernorm"] + (["input_layernorm"] if i > 0 else [])
         for norm in norms:
-            state[f"{p}{norm}.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
+            state[f"{p}{norm}.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen, device="cpu")
     if target_dir is not None:
         for name, t in checkpoint_weights_iterator(target_dir):
             if name == "model.embed_tokens.weight":

@@ -38,11 +38,13 @@ def random_eagle3_state_dict(
     }
     if draft_vocab is not None:
         shapes["lm_head.weight"] = (draft_vocab, h)
-    state = {n: std * torch.randn(s, generator=gen) for n, s in shapes.items()}
+    state = {n: std * torch.randn(s, generator=gen, device="cpu") for n, s in shapes.items()}
     for norm in ("midlayer.input_layernorm", "midlayer.hidden_norm"):
-        state[f"{norm}.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
-    state["midlayer.post_attention_layernorm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
-    state["norm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
+        state[f"{norm}.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen, device="cpu")
+    state["midlayer.post_attention_layernorm.weight"] = 1.0 + 0.1 * torch.randn(
+        h, generator=gen, device="cpu"
+    )
+    state["norm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen, device="cpu")
     if draft_vocab is not None:
         state["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
         t2d = torch.zeros(cfg["vocab_size"], dtype=torch.bool)

@@ -106,7 +106,7 @@ def _random_state_dict(config, seed: int, std: float) -> dict[str, torch.Tensor]
     state = {}
     for name, t in hf.state_dict().items():
         if t.dim() == 1 and "norm" in name:
-            state[name] = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
+            state[name] = 1.0 + 0.1 * torch.randn(t.shape, generator=gen, device="cpu")
         else:
-            state[name] = std * torch.randn(t.shape, generator=gen)
+            state[name] = std * torch.randn(t.shape, generator=gen, device="cpu")
     return state
