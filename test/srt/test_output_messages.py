@@ -1,10 +1,17 @@
 """BatchStrOut carries each streamed request's new text only (text_offset + text), so a step's
-message stays small whatever the output length; the receiver's text equals the scheduler's."""
+message stays small whatever the output length; the receiver's text equals the scheduler's. A
+speculative server's messages carry each request's counters, the accept histogram only after
+it changed."""
 
 from __future__ import annotations
 
-from sglang.srt.managers.io_struct import BatchStrOut
+import json
+
+import pytest
+
+from sglang.srt.managers.io_struct import BatchStrOut, merge_spec, spec_meta
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 
 def test_streamed_messages_carry_text_deltas(tiny_model_dir):
@@ -60,3 +67,62 @@ def test_receiver_text_unchanged_through_run_until_idle(tiny_model_dir):
         run_until_idle(sched, outs)
     assert outs_stream["r"]["text"] == outs_plain["r"]["text"]
     assert outs_stream["r"]["output_ids"] == outs_plain["r"]["output_ids"]
+
+
+def _spec_messages(tiny_model_dir, draft_dir, **kw) -> tuple[list, object]:
+    """The (rid "s") SpecCounters of every message of one streamed speculative request, and the
+    finished request."""
+    sched = make_scheduler(
+        tiny_model_dir,
+        dtype="float32",
+        disable_overlap_schedule=True,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=2,
+        **kw,
+    )
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    submit(sched, "s", list(range(10, 40)), params, stream=True)
+    counters, reqs = [], {}
+    while not sched.is_idle():
+        reqs.update({r.rid: r for r in sched.running})
+        sched.step()
+        for m in sched.outputs.local_outbox:
+            if isinstance(m, BatchStrOut):
+                assert len(m.spec) == len(m.rids)  # a speculative server's messages carry them
+                counters += [m.spec[i] for i, rid in enumerate(m.rids) if rid == "s"]
+        sched.outputs.local_outbox.clear()
+    return counters, reqs["s"]
+
+
+def test_spec_counters_send_the_histogram_only_after_it_changed(tiny_model_dir, tmp_path):
+    """Each message carries the request's verify / accepted / proposed counts, and its accept
+    histogram only when a drafting step changed it since the previous message (always with
+    static K; once, in the first message, when nothing drafts); merge_spec fills the gaps and
+    spec_meta's keys equal the request's own counters."""
+    draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
+    never = json.dumps({"time_model": {"verify_tokens": 1.0}, "online_correction": False})
+    static, req = _spec_messages(tiny_model_dir, draft_dir)
+    assert len(static) >= 4 and static[0][3] is not None
+    for prev, c in zip(static, static[1:]):  # drafted since the last message <=> histogram
+        assert (c[3] is not None) == (c[2] > prev[2])
+    merged = None
+    for c in static:
+        merged = merge_spec(merged, c)
+    assert merged[3] == tuple(req.spec_accept_histogram) and sum(merged[3]) >= 4
+    plain, req = _spec_messages(
+        tiny_model_dir,
+        draft_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=never,
+    )
+    assert plain[0][3] == (0, 0, 0) and all(c[3] is None for c in plain[1:])
+    merged = None
+    for c in plain:
+        merged = merge_spec(merged, c)
+    meta = spec_meta(merged, len(req.output_ids))
+    assert meta["spec_verify_ct"] == req.spec_verify_ct == len(req.output_ids) - 1
+    assert meta["spec_accept_histogram"] == [0, 0, 0] and meta["spec_num_proposed_drafts"] == 0
+    assert meta["spec_accept_length"] == len(req.output_ids) / req.spec_verify_ct
+    with pytest.raises(ValueError, match="histogram"):
+        merge_spec(None, plain[1])

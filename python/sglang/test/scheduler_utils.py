@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    TokenizedGenerateReqInput,
+    merge_spec,
+    spec_meta,
+)
 from sglang.srt.managers.request_validation import build_sampling_params
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.server_args import ServerArgs
@@ -44,7 +50,10 @@ def collect(sched: Scheduler, outputs: dict[str, dict]) -> None:
             out = outputs.setdefault(rid, {"output_ids": [], "finish": None})
             out["output_ids"].extend(msg.output_ids_delta[i])
             out["text"] = msg.apply_text_delta(i, out.get("text", ""))
-            out["meta"] = msg.meta[i]
+            out["meta"] = dict(msg.meta[i])
+            if msg.spec:  # the tokenizer manager's expansion of the speculative counters
+                out["spec"] = merge_spec(out.get("spec"), msg.spec[i])
+                out["meta"].update(spec_meta(out["spec"], out["meta"]["completion_tokens"]))
             out["logprobs"] = out.get("logprobs", []) + list(
                 msg.output_token_logprobs_delta[i] or []
             )

@@ -101,6 +101,41 @@ class GetInternalStateReqOutput:
     state: dict
 
 
+# A speculative request's counters as sent per step: (verify steps, accepted drafts, proposed
+# drafts, accept histogram: [k] = drafting steps that accepted k drafts; None when unchanged
+# since the request's previous message, see merge_spec).
+SpecCounters = tuple[int, int, int, tuple[int, ...] | None]
+
+
+def merge_spec(previous: SpecCounters | None, new: SpecCounters) -> SpecCounters:
+    """`new` with its histogram taken from `previous` when it carries none (the scheduler sends
+    it only after it changed). Raises ValueError when neither has one (a message was lost)."""
+    if new[3] is not None:
+        return new
+    if previous is None or previous[3] is None:
+        raise ValueError("speculative counters without an accept histogram to carry over")
+    return (new[0], new[1], new[2], previous[3])
+
+
+def spec_meta(counters: SpecCounters, completion_tokens: int) -> dict:
+    """The meta_info keys of a request on a speculative server (upstream's spec_verify_ct and
+    accept length, plus this fork's draft counters) from its SpecCounters (with a histogram:
+    merge_spec) and its number of output tokens: spec_accept_length = output tokens / verify
+    steps, spec_accept_rate = accepted / proposed drafts (0.0 before any), spec_mean_draft_len
+    = proposed / verify steps (verify steps counted as at least 1)."""
+    verify_ct, correct, proposed, histogram = counters
+    ct = max(1, verify_ct)
+    return {
+        "spec_verify_ct": verify_ct,
+        "spec_accept_length": completion_tokens / ct,
+        "spec_accept_rate": correct / proposed if proposed else 0.0,
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_accept_histogram": list(histogram),
+        "spec_mean_draft_len": proposed / ct,
+    }
+
+
 @dataclass
 class BatchStrOut:
     """Per-request increments produced in one scheduler step.
@@ -115,6 +150,10 @@ class BatchStrOut:
     first_token_time[i] is the time.perf_counter() at which the scheduler committed the
     request's first output token (None before it): CLOCK_MONOTONIC on Linux, one clock for all
     processes of the host, so the tokenizer manager subtracts its own perf_counter() stamps.
+    spec[i] (a speculative server's messages only; empty otherwise) is the request's
+    SpecCounters; the receiver keeps the last histogram (merge_spec) and expands the counters
+    into meta keys (spec_meta), so the scheduler thread sends three numbers per request and
+    step (and the histogram after it changed) instead of building seven derived keys.
     """
 
     rids: list[str]
@@ -128,6 +167,7 @@ class BatchStrOut:
     input_top_logprobs: list[list | None] = field(default_factory=list)
     first_token_time: list[float | None] = field(default_factory=list)
     text_offset: list[int] = field(default_factory=list)
+    spec: list[SpecCounters] = field(default_factory=list)
 
     def apply_text_delta(self, i: int, previous: str) -> str:
         """The full text of request i after this message, given the text before it."""

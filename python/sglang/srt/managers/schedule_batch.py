@@ -89,6 +89,7 @@ class Req:
         self.spec_num_proposed_drafts = 0
         self.spec_num_correct_drafts = 0
         self.spec_accept_histogram: list[int] = []  # [k] steps that accepted k drafts (d > 0)
+        self.spec_histogram_sent = False  # the last output message carried the histogram
 
         # Lifecycle
         self.finished_reason: FinishReason | None = None

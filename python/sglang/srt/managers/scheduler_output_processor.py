@@ -260,9 +260,10 @@ class OutputProcessor:
                 "prompt_tokens": len(req.origin_input_ids),
                 "completion_tokens": len(req.output_ids),
                 "cached_tokens": req.cached_tokens,
-                **(self.s.spec.meta_info(req) if self.s.spec is not None else {}),
             }
         )
+        if self.s.spec is not None:
+            out.spec.append(self.s.spec.counters(req))
         if req.return_logprob:
             k = req.sent_logprob_len
             out.output_token_logprobs_delta.append(req.output_token_logprobs[k:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sglang.srt.managers.io_struct import SpecCounters
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 # Pending target hidden states kept per request while it does not draft; beyond this the
 # request stops speculating for good instead of holding more memory.
 MAX_PENDING_HIDDEN = 1024
+# Logprob placeholders of a step without logprobs, per committed-token count (no list per
+# request and step).
+_NONES = tuple((None,) * n for n in range(16))
 
 
 class SpecScheduler:
@@ -217,13 +221,17 @@ class SpecScheduler:
         self.num_decode_commits += 1
         cadence = self.num_decode_commits % COMPACT_CHUNKS == 0
         due: list[EagleDraftInput] = []
+        # The loop runs per request and step (up to 256 at a time), also on the steps where
+        # nothing drafts: it keeps per-request work to attribute updates and list appends
+        # (no temporary lists, the one-row append_rows inlined).
+        logprobs = spec.logprobs
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
             toks = spec.tokens[i]
-            if spec.logprobs is not None:
-                lps, tops = spec.logprobs[i], spec.top_logprobs[i]
+            if logprobs is not None:
+                lps, tops = logprobs[i], spec.top_logprobs[i]
             else:
-                lps = tops = [None] * len(toks)
+                lps = tops = _NONES[len(toks)] if len(toks) < len(_NONES) else (None,) * len(toks)
             appended = out.commit_tokens(req, toks, lps, tops)
             req.kv_len = n + appended
             req.extend_input_len = req.draft_len = 0
@@ -239,11 +247,15 @@ class SpecScheduler:
                 d.clear()
             # rows [start, start + appended) of hidden ([R, 3H]) are the states of the
             # positions committed this step
-            end = starts[i] + appended
-            d.append_rows(hidden, starts[i], end, MAX_PENDING_HIDDEN, compact=False)
+            start = starts[i]
+            if appended == 1 and not d.stale and d.num_pending < MAX_PENDING_HIDDEN:
+                d.chunks.append((hidden, start, start + 1))  # append_rows of one row
+                d.num_pending += 1
+            else:
+                d.append_rows(hidden, start, start + appended, MAX_PENDING_HIDDEN, compact=False)
             if req.finished():
                 out.finish(req)
-            elif cadence or d.compaction_due:
+            elif cadence or len(d.chunks) - d.num_compacted >= COMPACT_CHUNKS:  # compaction_due
                 due.append(d)
         compact_pending(due)
         st = self.stats
@@ -256,6 +268,7 @@ class SpecScheduler:
         req.spec_num_proposed_drafts += dlen
         req.spec_num_correct_drafts += accepted
         req.spec_accept_histogram[accepted] += 1
+        req.spec_histogram_sent = False
         self.accept_histogram[accepted] += 1
         st = self.stats
         st["spec_drafting_steps"] += 1
@@ -264,18 +277,21 @@ class SpecScheduler:
 
     # ---------------------------------------------------------------- report
     @staticmethod
-    def meta_info(req: Req) -> dict:
-        ct = max(1, req.spec_verify_ct)
-        proposed = req.spec_num_proposed_drafts
-        return {
-            "spec_verify_ct": req.spec_verify_ct,
-            "spec_accept_length": len(req.output_ids) / ct,
-            "spec_accept_rate": req.spec_num_correct_drafts / proposed if proposed else 0.0,
-            "spec_num_correct_drafts": req.spec_num_correct_drafts,
-            "spec_num_proposed_drafts": proposed,
-            "spec_accept_histogram": list(req.spec_accept_histogram),
-            "spec_mean_draft_len": proposed / ct,
-        }
+    def counters(req: Req) -> SpecCounters:
+        """What a request's output message carries about its speculation (io_struct.spec_meta
+        turns it into meta_info keys on the receiving side). The accept histogram goes only
+        when it changed since the last message (a drafting step), else None: the receiver
+        keeps the last one (io_struct.merge_spec)."""
+        histogram = None
+        if not req.spec_histogram_sent:
+            histogram = tuple(req.spec_accept_histogram)
+            req.spec_histogram_sent = True
+        return (
+            req.spec_verify_ct,
+            req.spec_num_correct_drafts,
+            req.spec_num_proposed_drafts,
+            histogram,
+        )
 
     def server_info(self) -> dict:
         st = self.stats

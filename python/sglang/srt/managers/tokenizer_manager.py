@@ -25,8 +25,11 @@ from sglang.srt.managers.io_struct import (
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    SpecCounters,
     TokenizedGenerateReqInput,
+    merge_spec,
     new_rid,
+    spec_meta,
 )
 from sglang.srt.managers.request_validation import (
     build_sampling_params,
@@ -58,6 +61,7 @@ class ReqState:
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    spec: SpecCounters | None = None  # a speculative server's counters (full_meta expands them)
     finished: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     first_token_time: float | None = None  # the scheduler's perf_counter() stamp
@@ -328,6 +332,8 @@ class TokenizerManager:
             state.text = msg.apply_text_delta(i, state.text)
             state.output_ids.extend(msg.output_ids_delta[i])
             state.meta = dict(msg.meta[i])
+            if msg.spec:
+                state.spec = merge_spec(state.spec, msg.spec[i])
             if state.return_logprob:
                 state.output_token_logprobs.extend(msg.output_token_logprobs_delta[i] or [])
                 state.output_top_logprobs.extend(msg.output_top_logprobs_delta[i] or [])
@@ -346,6 +352,7 @@ class TokenizerManager:
             return
         # No output token (prompt-only or aborted early): no time to first token.
         first = state.first_token_time
+        meta = self.full_meta(state)
         self.metrics_collector.observe_request_finished(
             prompt_tokens=state.prompt_tokens,
             completion_tokens=len(state.output_ids),
@@ -353,9 +360,17 @@ class TokenizerManager:
             ttft_s=None if first is None else first - state.created,
             itls_s=state.itls,
             e2e_s=now - state.created,
-            spec_accept_length=state.meta.get("spec_accept_length"),
-            spec_mean_draft_len=state.meta.get("spec_mean_draft_len"),
+            spec_accept_length=meta.get("spec_accept_length"),
+            spec_mean_draft_len=meta.get("spec_mean_draft_len"),
         )
+
+    @staticmethod
+    def full_meta(state: ReqState) -> dict:
+        """The request's meta from the last message, with its speculative keys (spec_meta)
+        expanded here rather than by the scheduler thread."""
+        if state.spec is None:
+            return state.meta
+        return {**state.meta, **spec_meta(state.spec, len(state.output_ids))}
 
     def _output(self, state: ReqState) -> dict:
         meta = {
@@ -364,7 +379,7 @@ class TokenizerManager:
             "prompt_tokens": state.prompt_tokens,
             "completion_tokens": len(state.output_ids),
             "cached_tokens": 0,
-            **state.meta,
+            **self.full_meta(state),
         }
         if state.return_logprob:
             text = self._token_text if state.text_in_logprobs else None
