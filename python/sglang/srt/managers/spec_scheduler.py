@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 # Pending target hidden states kept per request while it does not draft; beyond this the
 # request stops speculating for good instead of holding more memory.
 MAX_PENDING_HIDDEN = 1024
-# Logprob placeholders of a step without logprobs, per committed-token count (no list per
-# request and step).
-_NONES = tuple((None,) * n for n in range(16))
 
 
 class SpecScheduler:
@@ -221,17 +218,13 @@ class SpecScheduler:
         self.num_decode_commits += 1
         cadence = self.num_decode_commits % COMPACT_CHUNKS == 0
         due: list[EagleDraftInput] = []
-        # The loop runs per request and step (up to 256 at a time), also on the steps where
-        # nothing drafts: it keeps per-request work to attribute updates and list appends
-        # (no temporary lists, the one-row append_rows inlined).
-        logprobs = spec.logprobs
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
             toks = spec.tokens[i]
-            if logprobs is not None:
-                lps, tops = logprobs[i], spec.top_logprobs[i]
+            if spec.logprobs is not None:
+                lps, tops = spec.logprobs[i], spec.top_logprobs[i]
             else:
-                lps = tops = _NONES[len(toks)] if len(toks) < len(_NONES) else (None,) * len(toks)
+                lps = tops = [None] * len(toks)
             appended = out.commit_tokens(req, toks, lps, tops)
             req.kv_len = n + appended
             req.extend_input_len = req.draft_len = 0
@@ -247,15 +240,11 @@ class SpecScheduler:
                 d.clear()
             # rows [start, start + appended) of hidden ([R, 3H]) are the states of the
             # positions committed this step
-            start = starts[i]
-            if appended == 1 and not d.stale and d.num_pending < MAX_PENDING_HIDDEN:
-                d.chunks.append((hidden, start, start + 1))  # append_rows of one row
-                d.num_pending += 1
-            else:
-                d.append_rows(hidden, start, start + appended, MAX_PENDING_HIDDEN, compact=False)
+            end = starts[i] + appended
+            d.append_rows(hidden, starts[i], end, MAX_PENDING_HIDDEN, compact=False)
             if req.finished():
                 out.finish(req)
-            elif cadence or len(d.chunks) - d.num_compacted >= COMPACT_CHUNKS:  # compaction_due
+            elif cadence or d.compaction_due:
                 due.append(d)
         compact_pending(due)
         st = self.stats

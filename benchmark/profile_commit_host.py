@@ -1,0 +1,106 @@
+"""Host (CPU) cost of committing and sending a decode step at high concurrency, without a GPU:
+
+    python benchmark/profile_commit_host.py --batch-size 128 --label L \
+        --result-file benchmark/results/commit_host_cpu.json
+
+The in-process Scheduler on a tiny random model (tiny EAGLE-3 draft for `adaptive_no_drafts`,
+under a fixed step-time model where drafting never pays: every step is a plain decode, the
+common case under load), --batch-size streamed greedy requests. Per configuration, after 3
+steps, the median ms per step over --steps steps of OutputProcessor.process_batch_result (the
+commit: tokens, KV lengths, and on the speculative server its counters and pending hidden
+states) and of OutputProcessor.flush (detokenization and the BatchStrOut message). The two
+configurations alternate for --rounds rounds and the minimum over rounds is kept, as this
+machine's speed drifts by up to 1.7x between runs. On the GPU host these run on the scheduler
+thread between launches, so at high concurrency they are part of every step's time.
+
+Run it with PYTHONPATH=<a worktree of another commit>/python to measure that commit; each run
+is appended to --result-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
+
+
+def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
+    """Median ms per step of commit and flush for one configuration."""
+    from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+
+    s = make_scheduler(model, device="cpu", dtype="float32", max_total_tokens=65536, **kw)
+    times: dict[str, list[float]] = {"commit": [], "flush": []}
+    for meth, key in (("process_batch_result", "commit"), ("flush", "flush")):
+        real = getattr(s.outputs, meth)
+
+        def timed(*a, _real=real, _key=key, **k):
+            t0 = time.perf_counter()
+            r = _real(*a, **k)
+            times[_key].append(time.perf_counter() - t0)
+            return r
+
+        setattr(s.outputs, meth, timed)
+    params = {"max_new_tokens": steps + 8, "temperature": 0, "ignore_eos": True}
+    for i in range(bs):
+        submit(s, f"r{i}", list(range(10, 40)), params, stream=True)
+    for _ in range(3):
+        s.step()
+    for v in times.values():
+        v.clear()
+    for _ in range(steps):
+        s.step()
+    out = {k: round(1e3 * statistics.median(v), 4) for k, v in times.items()}
+    run_until_idle(s, {})
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--label", default="current")
+    p.add_argument("--result-file", default=None)
+    args = p.parse_args(argv)
+    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+    from sglang.test.tiny_models import make_tiny_model_dir
+
+    torch.set_num_threads(1)
+    d = tempfile.mkdtemp()
+    model = make_tiny_model_dir(d + "/m")
+    cfgs = plain_and_adaptive_no_drafts(make_tiny_eagle3_dir(d + "/e", model))
+    rounds: dict[str, list[dict]] = {name: [] for name in cfgs}
+    for _ in range(args.rounds):
+        for name, kw in cfgs.items():
+            rounds[name].append(commit_ms(model, kw, args.batch_size, args.steps))
+    best = {
+        name: {k: min(r[k] for r in rs) for k in ("commit", "flush")} for name, rs in rounds.items()
+    }
+    plain = best["plain"]
+    result = {
+        "label": args.label,
+        "sglang_path": __import__("sglang").__file__,
+        "git_commit_of_cwd": git_commit_of_cwd(),
+        "settings": {"batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds},
+        "ms_per_step_min_over_rounds": best,
+        "adaptive_minus_plain_ms": {
+            k: round(best["adaptive_no_drafts"][k] - plain[k], 4) for k in plain
+        },
+        "rounds": rounds,
+    }
+    print(result["label"], best, result["adaptive_minus_plain_ms"], flush=True)
+    if args.result_file:
+        cmd = (
+            "python benchmark/profile_commit_host.py --batch-size N --label L --result-file "
+            "benchmark/results/commit_host_cpu.json (PYTHONPATH=<worktree>/python for older trees)"
+        )
+        append_run(args.result_file, cmd, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
