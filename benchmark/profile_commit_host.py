@@ -6,9 +6,11 @@
 The in-process Scheduler on a tiny random model (tiny EAGLE-3 draft for `adaptive_no_drafts`,
 under a fixed step-time model where drafting never pays: every step is a plain decode, the
 common case under load), --batch-size streamed greedy requests. Per configuration, after 3
-steps, the median ms per step over --steps steps of OutputProcessor.process_batch_result (the
-commit: tokens, KV lengths, and on the speculative server its counters and pending hidden
-states) and of OutputProcessor.flush (detokenization and the BatchStrOut message). The two
+steps, the median ms per step over --steps steps of the scheduler's host phases: `plan`
+(BatchBuilder.get_next_batch_to_run: the batch and, speculative, the draft lengths), `build`
+(build_model_worker_batch), `commit` (OutputProcessor.process_batch_result: tokens, KV lengths,
+and on the speculative server its counters and pending hidden states) and `flush`
+(detokenization and the BatchStrOut message). The two
 configurations alternate for --rounds rounds and the minimum over rounds is kept, as this
 machine's speed drifts by up to 1.7x between runs. On the GPU host these run on the scheduler
 thread between launches, so at high concurrency they are part of every step's time.
@@ -27,15 +29,22 @@ import time
 import torch
 from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
 
+PHASES = ("plan", "build", "commit", "flush")
+
 
 def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
-    """Median ms per step of commit and flush for one configuration."""
+    """Median ms per step of each phase (PHASES) for one configuration."""
     from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 
     s = make_scheduler(model, device="cpu", dtype="float32", max_total_tokens=65536, **kw)
-    times: dict[str, list[float]] = {"commit": [], "flush": []}
-    for meth, key in (("process_batch_result", "commit"), ("flush", "flush")):
-        real = getattr(s.outputs, meth)
+    times: dict[str, list[float]] = {k: [] for k in PHASES}
+    for obj, meth, key in (
+        (s.builder, "get_next_batch_to_run", "plan"),
+        (s.builder, "build_model_worker_batch", "build"),
+        (s.outputs, "process_batch_result", "commit"),
+        (s.outputs, "flush", "flush"),
+    ):
+        real = getattr(obj, meth)
 
         def timed(*a, _real=real, _key=key, **k):
             t0 = time.perf_counter()
@@ -43,7 +52,7 @@ def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
             times[_key].append(time.perf_counter() - t0)
             return r
 
-        setattr(s.outputs, meth, timed)
+        setattr(obj, meth, timed)
     params = {"max_new_tokens": steps + 8, "temperature": 0, "ignore_eos": True}
     for i in range(bs):
         submit(s, f"r{i}", list(range(10, 40)), params, stream=True)
@@ -77,9 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.rounds):
         for name, kw in cfgs.items():
             rounds[name].append(commit_ms(model, kw, args.batch_size, args.steps))
-    best = {
-        name: {k: min(r[k] for r in rs) for k in ("commit", "flush")} for name, rs in rounds.items()
-    }
+    best = {name: {k: min(r[k] for r in rs) for k in PHASES} for name, rs in rounds.items()}
     plain = best["plain"]
     result = {
         "label": args.label,
