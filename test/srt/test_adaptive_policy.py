@@ -641,11 +641,84 @@ def test_zero_probe_corrects_an_over_estimated_plain_step(monkeypatch):
     12 ms into every step says otherwise. The controller learns from wall intervals; after
     probe_every drafting steps in a row it runs one plain step, learns its real cost and stops
     drafting. Without probes it drafts for ever (the test can fail)."""
-    probed = simulate_controller(monkeypatch, {**WRONG_PRIOR, "probe_every": 16}, 300, 0.4)
+    cfg = {**WRONG_PRIOR, "guard": False}  # the probes alone (the guard: below)
+    probed = simulate_controller(monkeypatch, {**cfg, "probe_every": 16}, 300, 0.4)
     assert probed[0] > 0  # the prior makes it draft first
     assert sum(d > 0 for d in probed[-150:]) <= 15
-    never = simulate_controller(monkeypatch, {**WRONG_PRIOR, "probe_every": 0}, 300, 0.4)
+    never = simulate_controller(monkeypatch, {**cfg, "probe_every": 0}, 300, 0.4)
     assert sum(d > 0 for d in never[-150:]) > 140
+
+
+def test_guard_blocks_drafting_a_model_cannot_unlearn(monkeypatch):
+    """A fixed model (online correction off, so no probes either) that says drafting pays
+    while it delivers 1.4 tokens per 9 ms against 1 per 2 ms: without the guard it drafts in
+    every step; with it, after guard_min_steps drafting steps and a few plain ones (the guard's
+    own plain steps: it had no plain rate), drafting is blocked for guard_backoff steps, then
+    tried again for guard_min_steps steps, and blocked twice as long."""
+    cfg = {**WRONG_PRIOR, "online_correction": False, "guard_min_steps": 8, "guard_backoff": 40}
+    unguarded = simulate_controller(monkeypatch, {**cfg, "guard": False}, 400, 0.4)
+    assert sum(d > 0 for d in unguarded) == 400
+    guarded = simulate_controller(monkeypatch, cfg, 400, 0.4)
+    drafting = [i for i, d in enumerate(guarded) if d > 0]
+    assert guarded[0] > 0 and len(drafting) <= 8 * 5  # trials of 8 steps
+    gaps = [b - a for a, b in zip(drafting, drafting[1:], strict=False) if b - a > 1]
+    # the guard's plain steps (4 samples), then blocks of 40 and 80 steps between trials
+    assert gaps[0] <= 6 and gaps[1] == 40 + 1 and gaps[2] == 80 + 1
+
+
+def test_guard_keeps_drafting_that_delivers(monkeypatch):
+    """Drafting that delivers (high acceptance, 2.5 ms per drafting step against 2 ms plain:
+    the simulation's costs patched) is never blocked: the guard only holds measured rates
+    against each other."""
+    from sglang.srt.speculative.adaptive import controller as ctl
+
+    clock = [0.0]
+    monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
+    cfg = {**WRONG_PRIOR, "online_correction": False, "guard_min_steps": 8}
+    c = ctl.AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=1)
+    req, rng, drafted = _Req(0), random.Random(3), 0
+    for step in range(300):
+        (d,) = c.choose([req], [K])
+        accepted = sum(1 for _ in range(d) if rng.random() < 0.9)
+        clock[0] += 2.5e-3 if d else 2e-3
+        c.observe([req], [d], [accepted], 1e-3, step)
+        drafted += d > 0
+    assert c.guard.num_trips == 0 and drafted >= 290
+    assert c.info()["spec_guard_trips"] == 0 and c.info()["spec_guard_blocked_bs"] == []
+
+
+def test_guard_buckets_batch_sizes_and_config():
+    """Rates are kept per batch-size bucket (bs.bit_length()): a block at 128 leaves 1-127
+    and 256 free; a step without an interval is no sample; the config validates the keys."""
+    from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
+
+    g = GoodputGuard(margin=0.03, min_steps=4, backoff=10, backoff_max=25)
+    for _ in range(2):
+        g.observe(128, False, 128, 1e-3)  # 128k tokens/s plain
+    for _ in range(3):
+        g.observe(200, True, 150, 2e-3)  # 75k tokens/s drafting
+        assert not g.blocks(130)
+    g.observe(200, True, 150, None)  # not consecutive: no sample
+    assert not g.blocks(130)
+    g.observe(200, True, 150, 2e-3)
+    assert g.blocks(128) and g.blocks(255) and not g.blocks(127) and not g.blocks(256)
+    assert g.info() == {"spec_guard_trips": 1, "spec_guard_blocked_bs": ["128-255"]}
+    for _ in range(10):
+        g.observe(1, False, 1, 1e-3)
+    assert not g.blocks(128)  # 10 steps later
+    for _ in range(4):
+        g.observe(128, True, 150, 2e-3)
+    assert g.blocks(128) and g.buckets[8].backoff == 25  # 10 -> 20 blocked, next capped at 25
+    for _ in range(4 + 20):
+        g.observe(128, False, 128, 1e-3)
+    for _ in range(4):
+        g.observe(128, True, 300, 2e-3)  # now faster than plain
+    assert not g.blocks(128) and g.buckets[8].backoff == 0 and g.num_trips == 2
+    assert parse_adaptive_config('{"guard": false}').guard is False
+    with pytest.raises(ValueError, match=r"'guard_margin' must be in \[0.0, 0.99\], got 1$"):
+        parse_adaptive_config('{"guard_margin": 1}')
+    with pytest.raises(ValueError, match=r"'guard_min_steps' must be an integer >= 1, got 0$"):
+        parse_adaptive_config('{"guard_min_steps": 0}')
 
 
 def test_controller_learns_wall_intervals(monkeypatch):

@@ -200,7 +200,14 @@ def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model
     Before, the policy never ran on them (all caps 0) and speculation stayed off for good."""
     from test_adaptive_policy import LIGHT, synthetic
 
-    sched = spec_scheduler(tiny_model_dir, draft_dir, speculative_adaptive=True)
+    # The synthetic models decide here: without the guard, which would (rightly) block the
+    # drafting LIGHT asks for once it measures that drafting is slower on this CPU.
+    sched = spec_scheduler(
+        tiny_model_dir,
+        draft_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps({"guard": False}),
+    )
     ctl = sched.spec.adaptive
     ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
     outs: dict = {}

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from sglang.srt.speculative.adaptive.acceptance import AcceptanceTracker
+from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
 from sglang.srt.speculative.adaptive.policy import BatchView
 from sglang.srt.speculative.adaptive.registry import AdaptiveConfig, build_policy
 from sglang.srt.speculative.adaptive.step_time_model import (
@@ -50,6 +51,12 @@ class AdaptiveController:
         self.time_model = StepTimeModel(
             cfg.time_model, cfg.time_decay, cfg.time_prior_weight, cfg.online_correction
         )
+        # measured check of the policy (goodput only: the baselines do what they are told)
+        self.guard = None
+        if cfg.guard and self.policy.name == "goodput":
+            self.guard = GoodputGuard(
+                cfg.guard_margin, cfg.guard_min_steps, cfg.guard_backoff, cfg.guard_backoff_max
+            )
         self.prev = np.full(num_slots, -1, dtype=np.int64)  # [num_slots] last d per slot
         # slots whose prev is not 0 (a plain step writes only these)
         self._prev_nonzero: set[int] = set(range(num_slots))
@@ -141,6 +148,31 @@ class AdaptiveController:
         if not reqs or max(caps) == 0:
             self._zero_left = 0
             return [0] * len(reqs)
+        guard = self.guard
+        if guard is not None and guard.blocks(len(reqs)):
+            chosen = [0] * len(reqs)  # drafting delivered less at this batch size lately
+        else:
+            chosen = self._run_policy(reqs, caps)
+        if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
+            self._zero_window = self.cfg.recheck_every
+        self._all_zero = self.policy.name == "goodput" and not any(chosen)
+        if any(chosen):
+            self._zero_left = self._zero_bs = 0
+            if self._probe_due() or (guard is not None and guard.needs_plain(len(reqs))):
+                # Measure what not drafting costs now: without it an over-estimated plain
+                # step is never corrected while the policy keeps drafting, and the guard has
+                # no plain rate to hold the drafting steps against.
+                self._drafting_run = 0
+                self.num_probes += 1
+                return [0] * len(reqs)
+        elif self.policy.name == "goodput":
+            window = self._zero_window
+            self._zero_left, self._zero_bs = window - 1, len(reqs)
+            cap = max(self.cfg.recheck_max, self.cfg.recheck_every)
+            self._zero_window = min(2 * window, cap)
+        return chosen
+
+    def _run_policy(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
         slots = [r.req_pool_idx for r in reqs]
         view = BatchView(
             caps=np.asarray(caps, dtype=np.int64),
@@ -153,24 +185,7 @@ class AdaptiveController:
             chosen = self.policy.choose(view, self.time_fn, self.time_model.predict_unsolved)
         else:
             chosen = self.policy.choose(view, self.time_fn)
-        chosen = chosen.tolist()
-        if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
-            self._zero_window = self.cfg.recheck_every
-        self._all_zero = self.policy.name == "goodput" and not any(chosen)
-        if any(chosen):
-            self._zero_left = self._zero_bs = 0
-            if self._probe_due():
-                # Measure what not drafting costs now: without it an over-estimated plain
-                # step is never corrected while the policy keeps drafting.
-                self._drafting_run = 0
-                self.num_probes += 1
-                return [0] * len(reqs)
-        elif self.policy.name == "goodput":
-            window = self._zero_window
-            self._zero_left, self._zero_bs = window - 1, len(reqs)
-            cap = max(self.cfg.recheck_max, self.cfg.recheck_every)
-            self._zero_window = min(2 * window, cap)
-        return chosen
+        return chosen.tolist()
 
     def _probe_due(self) -> bool:
         """Only the goodput policy probes (the baselines do what they are configured to do),
@@ -215,6 +230,8 @@ class AdaptiveController:
             # not (it drains the pipeline), so forward times alone favour drafting.
             measured = interval if interval is not None else forward_time_s + self.overhead_s
         self.time_model.update(x, measured)
+        if self.guard is not None:
+            self.guard.observe(len(reqs), sum_d > 0, len(reqs) + int(sum(accepted)), interval)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
         self.tracker.observe(slots, draft_lens, accepted)
         self._set_prev(slots, draft_lens, sum_d)
@@ -275,4 +292,5 @@ class AdaptiveController:
             "spec_last_step_sum_draft_len": self.last["sum_d"],
             "spec_step_time_coef": self.time_model.coefficients(),
             "spec_server_accept_rate_per_position": self.tracker.server_alpha().tolist(),
+            **(self.guard.info() if self.guard is not None else {}),
         }

@@ -21,9 +21,13 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "probe_every": 32,                          # after this many drafting steps in a row, one
                                                  # plain step measures what not drafting costs
      "count_overhead": true,                     # T is wall time between decode commits
-     "defer_draft_extend": true}                 # goodput, while it keeps choosing all
+     "defer_draft_extend": true,                 # goodput, while it keeps choosing all
                                                  # zeros: prefills skip the draft extend and
                                                  # cached prefixes without draft KV are used
+     "guard": true,                              # goodput: block drafting at batch sizes
+     "guard_margin": 0.03,                       # where drafting steps delivered fewer tokens
+     "guard_min_steps": 16,                      # per second than plain ones (goodput_guard)
+     "guard_backoff": 256, "guard_backoff_max": 8192}
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ class AdaptiveConfig:
     probe_every: int = 32
     count_overhead: bool = True
     defer_draft_extend: bool = True
+    guard: bool = True
+    guard_margin: float = 0.03
+    guard_min_steps: int = 16
+    guard_backoff: int = 256
+    guard_backoff_max: int = 8192
 
 
 def _js(v: Any) -> str:
@@ -158,6 +167,11 @@ _CHECKS = {
     "probe_every": lambda v: _int("probe_every", v, 0),
     "count_overhead": lambda v: _bool("count_overhead", v),
     "defer_draft_extend": lambda v: _bool("defer_draft_extend", v),
+    "guard": lambda v: _bool("guard", v),
+    "guard_margin": lambda v: _number("guard_margin", v, 0.0, 0.99),
+    "guard_min_steps": lambda v: _int("guard_min_steps", v, 1),
+    "guard_backoff": lambda v: _int("guard_backoff", v, 1),
+    "guard_backoff_max": lambda v: _int("guard_backoff_max", v, 1),
 }
 assert set(_CHECKS) == {f.name for f in dataclasses.fields(AdaptiveConfig)}
 

@@ -1,0 +1,111 @@
+"""GoodputGuard: a measured check of the goodput policy's claim that drafting pays.
+
+The goodput policy drafts when its step-time model and acceptance estimates predict more
+committed tokens per second than a plain step. The model is linear in a few features and is
+corrected online, but a cost it has no feature for (e.g. a drafting step draining the overlap
+pipeline at a batch size the warm-up sweep never saw) can keep it wrong, and then speculation
+makes the server slower, which issue 7 rules out. The guard compares what was delivered:
+committed tokens per wall second of consecutive decode steps (the same wall intervals the
+controller learns from), for steps that drafted and steps that did not, per batch-size bucket
+(bs.bit_length(): 1, 2-3, 4-7, ..., 128-255, ...). When a bucket's drafting steps delivered
+less than (1 - margin) x its plain steps' rate over at least `min_steps` drafting and
+`min_steps // 2` plain samples (the controller runs plain steps to get them when the bucket
+has none: needs_plain), drafting is blocked for batches of that bucket for `backoff`
+observed steps; each further failure doubles the block (up to `backoff_max`), a trial that
+holds up resets it. After a block the bucket's drafting statistics start over, so the next
+trial is judged on its own steps.
+
+This is this fork's addition, not upstream behaviour (upstream's adaptive speculation switches
+by batch-size tiers without measuring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EMA = 0.1  # weight of a new rate sample
+
+
+@dataclass
+class _Bucket:
+    plain_rate: float = 0.0  # EMA of tokens/s of steps without drafts
+    plain_n: int = 0
+    draft_rate: float = 0.0  # EMA of tokens/s of drafting steps since the last verdict
+    draft_n: int = 0
+    blocked_until: int = 0  # observed-step index until which drafting is blocked
+    backoff: int = 0  # length of the next block (0: the initial backoff)
+
+
+class GoodputGuard:
+    """Per batch-size bucket rates of drafting and plain decode steps, and blocks of drafting
+    where it delivered less.
+
+    Args:
+        margin: drafting must deliver at least (1 - margin) x the plain rate, in [0, 1).
+        min_steps: drafting samples before a verdict (plain: min_steps // 2, at least 1).
+        backoff: observed steps of the first block.
+        backoff_max: longest block.
+    """
+
+    def __init__(self, margin: float, min_steps: int, backoff: int, backoff_max: int) -> None:
+        self.margin = margin
+        self.min_steps = min_steps
+        self.min_plain = max(1, min_steps // 2)
+        self.backoff = backoff
+        self.backoff_max = max(backoff, backoff_max)
+        self.buckets: dict[int, _Bucket] = {}
+        self.now = 0  # observed steps
+        self.num_trips = 0  # verdicts that blocked drafting
+
+    def _bucket(self, bs: int) -> _Bucket:
+        key = bs.bit_length()
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = _Bucket()
+        return b
+
+    def blocks(self, bs: int) -> bool:
+        """True while drafting is blocked for a batch of bs requests."""
+        b = self.buckets.get(bs.bit_length())
+        return b is not None and self.now < b.blocked_until
+
+    def needs_plain(self, bs: int) -> bool:
+        """True when a batch of bs requests should run one plain step to give the guard a
+        plain rate: its bucket has a verdict's worth of drafting samples but fewer plain ones
+        than a verdict needs (e.g. a server that drafted from its first request on)."""
+        b = self.buckets.get(bs.bit_length())
+        return b is not None and b.draft_n >= self.min_steps and b.plain_n < self.min_plain
+
+    def observe(self, bs: int, drafted: bool, tokens: int, seconds: float | None) -> None:
+        """One decode step of bs requests that committed `tokens` tokens; seconds: its wall
+        interval since the previous decode commit, or None when the previous step was not a
+        decode step right before it (no sample, only the step count advances)."""
+        self.now += 1
+        if seconds is None or not seconds > 0:
+            return
+        b = self._bucket(bs)
+        rate = tokens / seconds
+        if not drafted:
+            b.plain_rate = rate if b.plain_n == 0 else b.plain_rate + EMA * (rate - b.plain_rate)
+            b.plain_n += 1
+            return
+        b.draft_rate = rate if b.draft_n == 0 else b.draft_rate + EMA * (rate - b.draft_rate)
+        b.draft_n += 1
+        if b.draft_n < self.min_steps or b.plain_n < self.min_plain:
+            return
+        if b.draft_rate < (1.0 - self.margin) * b.plain_rate:
+            block = b.backoff or self.backoff
+            b.blocked_until = self.now + block
+            b.backoff = min(2 * block, self.backoff_max)
+            self.num_trips += 1
+        else:
+            b.backoff = 0
+        b.draft_rate, b.draft_n = 0.0, 0  # the next trial is judged on its own steps
+
+    def info(self) -> dict:
+        """Server-info keys: trips so far and the buckets blocked now (as 'lo-hi' batch sizes)."""
+        blocked = sorted(k for k, b in self.buckets.items() if self.now < b.blocked_until)
+        return {
+            "spec_guard_trips": self.num_trips,
+            "spec_guard_blocked_bs": [f"{1 << (k - 1)}-{(1 << k) - 1}" for k in blocked],
+        }
