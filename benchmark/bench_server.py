@@ -53,6 +53,27 @@ def affinity_preexec(cpus: str | None):
     return lambda: os.sched_setaffinity(0, cpu_set)
 
 
+def process_tree(root: int) -> list[int]:
+    """root and its descendants' pids, from /proc/<pid>/stat parent links (Linux)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
 class Server:
     """A launch_server subprocess (same process group as this one, so a killed sweep does not
     leave it running); stop() kills its whole tree. With `cpus` (a CPU list, parse_cpu_list)
@@ -106,6 +127,25 @@ class Server:
                 pass
             time.sleep(0.5)
         return False
+
+    def set_cpus(self, cpus: str) -> int:
+        """Pin every thread of the server's process tree (as it is now) to the CPU list
+        `cpus` (parse_cpu_list); returns how many threads were pinned. Threads that exit
+        meanwhile are skipped. Linux only (/proc). Raises ValueError for a malformed list."""
+        cpu_set = parse_cpu_list(cpus)
+        pinned = 0
+        for pid in process_tree(self.proc.pid):
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    os.sched_setaffinity(int(tid), cpu_set)
+                    pinned += 1
+                except OSError:
+                    pass
+        return pinned
 
     def stop(self) -> None:
         from sglang.srt.utils.process import kill_process_tree

@@ -230,6 +230,11 @@ class PairedRun:
         point: dict[str, Any] = {"concurrency": c, "round": r, "config": name, "num_prompts": n}
         self.result["points"].append(point)
         server = self.servers[name]
+        a = self.args
+        if a.cpu_sets and a.rotate_cpu_sets:  # round r: configuration i on set (i + r) mod n
+            cpus = a.cpu_sets[(a.configs.index(name) + r) % len(a.cpu_sets)]
+            point["cpus"] = cpus
+            point["threads_pinned"] = server.set_cpus(cpus)
         left = self.left()
         if left < MIN_POINT_S or server.proc.poll() is not None:
             point.update(status="skipped", reason="deadline" if left < MIN_POINT_S else "dead")
@@ -250,6 +255,14 @@ def main(argv: list[str] | None = None) -> dict:
         "there only, so side-by-side servers do not share cores",
     )
     p.add_argument("--client-cpus", default=None, help="CPU list for this benchmark process")
+    p.add_argument(
+        "--rotate-cpu-sets",
+        action="store_true",
+        help="with --cpu-sets: in round r, configuration i runs on set (i + r) mod n (every "
+        "thread of its server re-pinned before its point), so that no configuration keeps "
+        "the cores that another one had (in the thirteenth session an A/A server differed by "
+        "up to 1.3x from its twin in one round)",
+    )
     p.set_defaults(min_prompts=24, prompts_per_concurrency=8)  # longer points (docstring)
     args = p.parse_args(argv)
     if args.config_budget_s is not None:
@@ -262,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"a paired comparison needs >= 2 configurations, got {args.configs}")
     if len(set(args.configs)) < len(args.configs):  # one server per name: a repeat would leak
         raise SystemExit(f"--configs names a configuration twice: {args.configs}")
+    if args.rotate_cpu_sets and not args.cpu_sets:
+        raise SystemExit("--rotate-cpu-sets needs --cpu-sets")
     if args.cpu_sets is not None and len(args.cpu_sets) != len(args.configs):
         raise SystemExit(
             f"--cpu-sets gives {len(args.cpu_sets)} CPU lists for configurations {args.configs}"
@@ -285,6 +300,7 @@ def main(argv: list[str] | None = None) -> dict:
             "preset", "configs", "concurrency", "rounds", "output_len", "min_prompts",
             "prompts_per_concurrency", "max_prompts", "dataset", "dataset_path",
             "chat_template", "server_args", "deadline_s", "cpu_sets", "client_cpus",
+            "rotate_cpu_sets",
         )
     }  # fmt: skip
     settings["model_flags"] = preset.model_flags

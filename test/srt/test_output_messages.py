@@ -104,7 +104,7 @@ def test_spec_counters_send_the_histogram_only_after_it_changed(tiny_model_dir, 
     never = json.dumps({"time_model": {"verify_tokens": 1.0}, "online_correction": False})
     static, req = _spec_messages(tiny_model_dir, draft_dir)
     assert len(static) >= 4 and static[0][3] is not None
-    for prev, c in zip(static, static[1:]):  # drafted since the last message <=> histogram
+    for prev, c in zip(static, static[1:], strict=False):  # drafted since the last message
         assert (c[3] is not None) == (c[2] > prev[2])
     merged = None
     for c in static:

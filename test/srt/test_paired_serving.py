@@ -4,8 +4,10 @@ summary's medians and paired ratios over rounds."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -178,9 +180,49 @@ def test_cpu_lists_parse_and_pin_a_child():
     assert out.stdout.strip() == f"[{cpu}]"
 
 
+_TREE = """
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _allowed(tid: int) -> str:
+    with open(f"/proc/{tid}/status") as f:
+        return next(line.split()[1] for line in f if line.startswith("Cpus_allowed_list"))
+
+
+def test_set_cpus_repins_every_thread_of_the_server_tree():
+    """--rotate-cpu-sets re-pins running servers: Server.set_cpus moves every thread of the
+    process tree (a second thread, a child process), not only the main thread."""
+    from types import SimpleNamespace
+
+    from bench_server import Server, process_tree
+
+    cpus = sorted(os.sched_getaffinity(0))
+    proc = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(proc.stdout.readline())
+        time.sleep(0.2)  # the thread started before the print; the child is running
+        assert set(process_tree(proc.pid)) >= {proc.pid, child}
+        pinned = Server.set_cpus(SimpleNamespace(proc=proc), str(cpus[-1]))
+        tids = [int(t) for pid in (proc.pid, child) for t in os.listdir(f"/proc/{pid}/task")]
+        assert pinned >= len(tids) >= 3
+        assert {_allowed(t) for t in tids} == {str(cpus[-1])}
+    finally:
+        proc.kill()
+        proc.wait()
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+
+
 @pytest.mark.parametrize(
     "extra, why",
     [
+        (["--rotate-cpu-sets"], "needs --cpu-sets"),
         (["--cpu-sets", "0-1"], "1 CPU lists"),
         (["--cpu-sets", "0-1", "x"], "bad CPU list"),
         (["--cpu-sets", "0", "1", "--client-cpus", "3-2"], "reversed"),
