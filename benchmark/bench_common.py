@@ -53,7 +53,41 @@ def run_meta(argv: list[str] | None = None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         meta["gpu"] = props.name
         meta["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+    siblings = cpu_siblings()
+    if siblings:
+        meta["cpu_siblings"] = siblings
     return meta
+
+
+def parse_cpu_list_groups(groups: list[str]) -> list[int]:
+    """All CPUs of cpu_siblings() groups ("0,8", "2-3"), in order, repeats kept."""
+    out: list[int] = []
+    for group in groups:
+        for item in group.split(","):
+            lo, _, hi = item.partition("-")
+            out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def cpu_siblings() -> list[str]:
+    """The host's CPUs grouped by physical core (Linux thread_siblings_list, e.g. ["0,8",
+    "1,9", ...]; one CPU per group without SMT), in CPU order; [] where unknown. Paired runs
+    pin servers to CPU sets: sets that split a core's siblings share that core."""
+    groups: list[str] = []
+    base = "/sys/devices/system/cpu"
+    try:
+        cpus = sorted(int(n[3:]) for n in os.listdir(base) if n[3:].isdigit() and n[:3] == "cpu")
+    except OSError:
+        return []
+    for cpu in cpus:
+        try:
+            with open(f"{base}/cpu{cpu}/topology/thread_siblings_list") as f:
+                group = f.read().strip()
+        except OSError:
+            continue
+        if group not in groups:
+            groups.append(group)
+    return groups
 
 
 def write_json(path: str, obj: Any) -> None:

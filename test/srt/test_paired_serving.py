@@ -280,3 +280,16 @@ def test_client_cpus_alone_leave_the_servers_their_cpus(tmp_path):
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     assert lines["CLIENT"] == f"[{before[0]}]"
     assert lines["SERVER"] == str(before)
+
+
+def test_run_meta_records_cpu_siblings():
+    """Every run's meta names the physical-core groups of the host's CPUs (what --cpu-sets
+    should follow): each online CPU in exactly one group."""
+    from bench_common import cpu_siblings, parse_cpu_list_groups, run_meta
+
+    groups = cpu_siblings()
+    if not groups:
+        pytest.skip("no /sys CPU topology here")
+    assert run_meta([])["cpu_siblings"] == groups
+    cpus = parse_cpu_list_groups(groups)
+    assert len(cpus) == len(set(cpus)) and set(os.sched_getaffinity(0)) <= set(cpus)
