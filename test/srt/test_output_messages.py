@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from sglang.srt.managers.io_struct import BatchStrOut, merge_spec, spec_meta
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
@@ -124,5 +122,7 @@ def test_spec_counters_send_the_histogram_only_after_it_changed(tiny_model_dir, 
     assert meta["spec_verify_ct"] == req.spec_verify_ct == len(req.output_ids) - 1
     assert meta["spec_accept_histogram"] == [0, 0, 0] and meta["spec_num_proposed_drafts"] == 0
     assert meta["spec_accept_length"] == len(req.output_ids) / req.spec_verify_ct
-    with pytest.raises(ValueError, match="histogram"):
-        merge_spec(None, plain[1])
+    # a message without one for a state that never had one (a stray message for a reused
+    # rid, test_tokenizer_manager_spec_stray.py) gives no histogram, and no error
+    assert merge_spec(None, plain[1]) == plain[1]
+    assert spec_meta(plain[1], 3)["spec_accept_histogram"] == []

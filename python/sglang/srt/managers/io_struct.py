@@ -109,11 +109,11 @@ SpecCounters = tuple[int, int, int, tuple[int, ...] | None]
 
 def merge_spec(previous: SpecCounters | None, new: SpecCounters) -> SpecCounters:
     """`new` with its histogram taken from `previous` when it carries none (the scheduler sends
-    it only after it changed). Raises ValueError when neither has one (a message was lost)."""
-    if new[3] is not None:
+    it only after it changed); still None when neither has one (never for a request's own
+    messages, whose first one carries it). Never raises: it runs in the loop that delivers
+    every request's outputs."""
+    if new[3] is not None or previous is None:
         return new
-    if previous is None or previous[3] is None:
-        raise ValueError("speculative counters without an accept histogram to carry over")
     return (new[0], new[1], new[2], previous[3])
 
 
@@ -131,7 +131,7 @@ def spec_meta(counters: SpecCounters, completion_tokens: int) -> dict:
         "spec_accept_rate": correct / proposed if proposed else 0.0,
         "spec_num_correct_drafts": correct,
         "spec_num_proposed_drafts": proposed,
-        "spec_accept_histogram": list(histogram),
+        "spec_accept_histogram": list(histogram or ()),
         "spec_mean_draft_len": proposed / ct,
     }
 

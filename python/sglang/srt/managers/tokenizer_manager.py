@@ -63,6 +63,9 @@ class ReqState:
     meta: dict = field(default_factory=dict)
     spec: SpecCounters | None = None  # a speculative server's counters (full_meta expands them)
     finished: bool = False
+    # the client left before the end: the rid stays taken (a reuse is refused) until the
+    # scheduler's final output for it arrives, so that no later request gets this one's outputs
+    abandoned: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     first_token_time: float | None = None  # the scheduler's perf_counter() stamp
     last_token_time: float | None = None  # arrival of the latest output (ITL gaps)
@@ -109,9 +112,17 @@ class TokenizerManager:
         while True:
             msg = await self.recv_from_scheduler.recv_pyobj()
             if isinstance(msg, BatchStrOut):
-                self._handle_batch_out(msg)
+                try:
+                    self._handle_batch_out(msg)
+                except Exception:  # noqa: BLE001 - this loop delivers every request's outputs
+                    logger.exception("error while handling the scheduler's outputs")
             else:
+                # A waiter that gave up (e.g. /get_server_info timed out during a long prefill)
+                # left a cancelled future: skip it, so the late reply neither raises out of this
+                # loop (which delivers every request's outputs) nor answers the next caller.
                 waiters = self._pending_replies.get(type(msg), [])
+                while waiters and waiters[0].done():
+                    waiters.pop(0)
                 if waiters:
                     waiters.pop(0).set_result(msg)
 
@@ -131,10 +142,16 @@ class TokenizerManager:
         self._ensure_handle_loop()
         singles = self._expand(obj)
         tokenized = [self._tokenize(o) for o in singles]  # validates all before sending any
+        rids = [t.rid for t in tokenized]
+        if len(set(rids)) < len(rids):
+            dup = next(r for r in rids if rids.count(r) > 1)
+            raise ValueError(f"'rid' {dup!r} appears more than once in the batch")
+        for rid in rids:  # before any is sent: a refused batch leaves nothing behind
+            if rid in self.rid_to_state:
+                raise ValueError(f"'rid' {rid!r} is already in flight (duplicate request id)")
         self._check_queue(len(tokenized))
         for o, t in zip(singles, tokenized, strict=True):
             self._submit(t, text_in_logprobs=bool(o.return_text_in_logprobs))
-        rids = [t.rid for t in tokenized]
         try:
             if len(rids) == 1 and obj.is_single() and not self._n(obj) > 1:
                 async for out in self._wait_one(rids[0], obj.stream):
@@ -146,12 +163,17 @@ class TokenizerManager:
                 yield [await self._final(r) for r in rids]
         finally:
             for rid in rids:
-                state = self.rid_to_state.pop(rid, None)
-                if state is not None and not state.finished:
-                    self._send(AbortReq(rid))
-                    # The client left: count the request and the tokens it got, as a request
-                    # aborted through /abort_request is (its state waits for the abort).
-                    self._observe_finished(state, time.perf_counter())
+                state = self.rid_to_state.get(rid)
+                if state is None:
+                    continue
+                if state.finished:
+                    del self.rid_to_state[rid]
+                    continue
+                state.abandoned = True  # removed when the scheduler's final output arrives
+                self._send(AbortReq(rid))
+                # The client left: count the request and the tokens it got, as a request
+                # aborted through /abort_request is (its state waits for the abort).
+                self._observe_finished(state, time.perf_counter())
 
     @staticmethod
     def _n(obj: GenerateReqInput) -> int:
@@ -316,6 +338,10 @@ class TokenizerManager:
         for i, rid in enumerate(msg.rids):
             state = self.rid_to_state.get(rid)
             if state is None:
+                continue
+            if state.abandoned:  # nobody reads it; counted when the client left
+                if msg.finished_reason[i] is not None:
+                    del self.rid_to_state[rid]  # the rid may be used again
                 continue
             if msg.output_ids_delta[i]:
                 if state.first_token_time is None:

@@ -1,0 +1,98 @@
+"""TokenizerManager: a request id stays taken until the scheduler's final output for it arrives.
+
+Found over HTTP (CPU, any server): a client that picks its own rid drops a streamed request and
+resends the same rid at once. The old request's state was removed when the client left, so
+the new request was admitted and received the old one's remaining outputs and its abort,
+while its own generation ran unseen. Now the abandoned state keeps the rid (a reuse gets the
+"already in flight" 400) until the abort's final output arrives. A batch naming one rid twice,
+or a rid already in flight, is refused before any of its requests is sent (before, the first
+was sent and its state was never removed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+
+def _manager() -> tuple[TokenizerManager, list]:
+    tm = object.__new__(TokenizerManager)
+    sent: list = []
+    tm.rid_to_state = {}
+    tm.metrics_collector = None
+    tm.server_args = SimpleNamespace(
+        log_requests=False, max_queued_requests=None, max_running_requests=8
+    )
+    tm._send = sent.append
+    tm._ensure_handle_loop = lambda: None
+    tm._tokenize = lambda o: SimpleNamespace(rid=o.rid, input_ids=[1, 2, 3], return_logprob=False)
+    tm._expand = lambda obj: (
+        [obj]
+        if isinstance(obj.rid, str)
+        else [GenerateReqInput(rid=r, stream=obj.stream) for r in obj.rid]
+    )
+    return tm, sent
+
+
+def _out(rid: str, ids: list[int], final: bool) -> BatchStrOut:
+    n = len(ids)
+    return BatchStrOut(
+        rids=[rid],
+        text=["x" * n],
+        output_ids_delta=[ids],
+        finished_reason=[{"type": "abort", "matched": None} if final else None],
+        meta=[{"prompt_tokens": 3, "completion_tokens": n, "cached_tokens": 0}],
+        output_token_logprobs_delta=[None],
+        output_top_logprobs_delta=[None],
+        input_token_logprobs=[None],
+        input_top_logprobs=[None],
+        first_token_time=[None],
+    )
+
+
+def test_a_rid_is_taken_until_its_final_output_arrives():
+    async def run() -> None:
+        tm, sent = _manager()
+        gen = tm.generate_request(GenerateReqInput("t", rid="r1", stream=True))
+        first = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        tm._handle_batch_out(_out("r1", [7, 8], final=False))
+        assert (await first)["output_ids"] == [7, 8]
+        await gen.aclose()  # the client disconnects
+        assert isinstance(sent[-1], AbortReq) and sent[-1].rid == "r1"
+        assert tm.rid_to_state["r1"].abandoned
+        again = tm.generate_request(GenerateReqInput("t", rid="r1", stream=True))
+        with pytest.raises(ValueError, match="already in flight"):
+            await again.__anext__()
+        tm._handle_batch_out(_out("r1", [9], final=False))  # the old request's next output
+        assert tm.rid_to_state["r1"].output_ids == [7, 8]  # not applied
+        tm._handle_batch_out(_out("r1", [], final=True))  # the abort's final output
+        assert "r1" not in tm.rid_to_state
+        fresh = tm.generate_request(GenerateReqInput("t", rid="r1", stream=True))
+        nxt = asyncio.ensure_future(fresh.__anext__())
+        await asyncio.sleep(0)
+        tm._handle_batch_out(_out("r1", [5], final=False))
+        assert (await nxt)["output_ids"] == [5]  # its own outputs only
+        await fresh.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_batch_with_a_taken_or_repeated_rid_sends_nothing():
+    async def run() -> None:
+        tm, sent = _manager()
+        for rids, why in ((["a", "b", "a"], "more than once"), (["c", "busy"], "in flight")):
+            tm.rid_to_state.pop("busy", None)
+            if "busy" in rids:
+                tm.rid_to_state["busy"] = object()
+            gen = tm.generate_request(GenerateReqInput(["t"] * len(rids), rid=rids))
+            with pytest.raises(ValueError, match=why):
+                await gen.__anext__()
+            assert sent == [] and set(tm.rid_to_state) <= {"busy"}
+
+    asyncio.run(run())
