@@ -47,6 +47,19 @@ def pick_tile(n: int, k: int) -> GemvTile:
 
 
 @triton.jit
+def weight_tile(w_rows, kk, mask_n, mask_k):
+    """The [BLOCK_N, BLOCK_K] weight tile at columns kk of the rows w_rows ([BLOCK_N, 1]
+    pointers) as float32, loaded with evict_first (a GEMV reads each weight once per step);
+    masked entries are 0. Shared by every GEMV kernel (gemv_prologue.py too)."""
+    return tl.load(
+        w_rows + kk[None, :],
+        mask=mask_n[:, None] & mask_k[None, :],
+        other=0.0,
+        eviction_policy="evict_first",
+    ).to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K], unit stride along K
     w_ptr,  # [N, K] row-major
@@ -71,12 +84,7 @@ def _gemv_kernel(
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
         mask_k = kk < K
-        w = tl.load(
-            w_rows + kk[None, :],
-            mask=mask_n[:, None] & mask_k[None, :],
-            other=0.0,
-            eviction_policy="evict_first",
-        ).to(tl.float32)
+        w = weight_tile(w_rows, kk, mask_n, mask_k)
         x0 = tl.load(x_ptr + kk, mask=mask_k, other=0.0).to(tl.float32)
         acc0 += w * x0[None, :]
         if M > 1:

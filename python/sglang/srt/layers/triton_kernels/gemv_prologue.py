@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.triton_kernels import NORM_PROLOGUE_MAX_HIDDEN
-from sglang.srt.layers.triton_kernels.gemv import GemvTile, pick_tile
+from sglang.srt.layers.triton_kernels.gemv import GemvTile, pick_tile, weight_tile
 from sglang.srt.layers.triton_kernels.rmsnorm import round_to
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -83,13 +83,7 @@ def _gemv_rmsnorm_kernel(
         normed = round_to(h.to(tl.float32) * rstd, dtype)
         nw = tl.load(nw_ptr + kk, mask=mask_k, other=0.0)
         xk = round_to(normed.to(tl.float32) * nw.to(tl.float32), dtype).to(tl.float32)
-        w = tl.load(
-            w_rows + kk[None, :],
-            mask=mask_n[:, None] & mask_k[None, :],
-            other=0.0,
-            eviction_policy="evict_first",
-        ).to(tl.float32)
-        acc += w * xk[None, :]
+        acc += weight_tile(w_rows, kk, mask_n, mask_k) * xk[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N] float32
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -120,13 +114,7 @@ def _gemv_silu_mul_kernel(
         u32 = tl.load(gu_ptr + inter + kk, mask=mask_k, other=0.0).to(tl.float32)
         act = round_to(g32 / (1.0 + tl.exp(-g32)), dtype)  # activation.py's two roundings
         xk = round_to(act.to(tl.float32) * u32, dtype).to(tl.float32)
-        w = tl.load(
-            w_rows + kk[None, :],
-            mask=mask_n[:, None] & mask_k[None, :],
-            other=0.0,
-            eviction_policy="evict_first",
-        ).to(tl.float32)
-        acc += w * xk[None, :]
+        acc += weight_tile(w_rows, kk, mask_n, mask_k) * xk[None, :]
     y = tl.sum(acc, axis=1)
     tl.store(y_ptr + offs_n, round_to(y, dtype), mask=mask_n)
 
