@@ -4,7 +4,7 @@ Semantics: ``rotary_embedding_(positions, q, k, ...)`` (rotary.py: neox style, i
 first rotary_dim channels of each head, cos/sin from the float32 cache rounded to q's dtype)
 followed by ``store_kv(k_cache, v_cache, loc, k, v)`` (kv_store.py: row t of the rotated k and
 of v to slot loc[t], cast to the cache dtype). The arithmetic is the same (rotary.py's
-``cos_sin_row`` and ``rotate_halves``), so the results are bit for bit those of the two kernels.
+``cos_sin_row`` and ``_rope_heads``), so the results are bit for bit those of the two kernels.
 
 Grid (tokens, 3): per token, program 0 rotates q's heads in place; program 1 rotates k's heads
 in place and writes them (with the channels past rotary_dim) to the key cache; program 2 copies
@@ -21,8 +21,9 @@ import triton.language as tl
 from sglang.srt.layers.triton_kernels.rotary import (
     _rope_heads,
     _token_rows,
+    check_rope_args,
     cos_sin_row,
-    rotate_halves,
+    heads_of,
 )
 
 
@@ -75,24 +76,16 @@ def _rope_store_kv_kernel(
         cos, sin = cos_sin_row(pos_ptr, cache_ptr, token, cache_stride, max_position,
                                q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
         if part == 0:
-            _rope_heads(q_ptr + token * q_stride, num_q_heads, cos, sin, HEAD_SIZE, HALF,
-                        BLOCK_HQ, BLOCK_HALF)  # fmt: skip
+            q_row = q_ptr + token * q_stride
+            _rope_heads(q_row, num_q_heads, cos, sin, q_row, HEAD_SIZE, HALF, BLOCK_HQ,
+                        BLOCK_HALF, False)  # fmt: skip
         else:
             slot = tl.load(loc_ptr + token).to(tl.int64)
             k_row = k_ptr + token * k_stride
             dst = k_cache_ptr + slot * row
-            heads = tl.arange(0, BLOCK_HK)[:, None]
-            dims = tl.arange(0, BLOCK_HALF)[None, :]
-            mask = (heads < num_kv_heads) & (dims < HALF)
-            offs = heads * HEAD_SIZE + dims
-            x1 = tl.load(k_row + offs, mask=mask, other=0.0)
-            x2 = tl.load(k_row + offs + HALF, mask=mask, other=0.0)
-            o1, o2 = rotate_halves(x1, x2, cos, sin)
-            tl.store(k_row + offs, o1, mask=mask)  # k in place, as rotary_embedding_ leaves it
-            tl.store(k_row + offs + HALF, o2, mask=mask)
-            cache_dtype = k_cache_ptr.dtype.element_ty
-            tl.store(dst + offs, o1.to(cache_dtype), mask=mask)
-            tl.store(dst + offs + HALF, o2.to(cache_dtype), mask=mask)
+            # k rotated in place, as rotary_embedding_ leaves it, and into its cache slot
+            _rope_heads(k_row, num_kv_heads, cos, sin, dst, HEAD_SIZE, HALF, BLOCK_HK,
+                        BLOCK_HALF, True)  # fmt: skip
             if HEAD_SIZE > 2 * HALF:  # partial rotary: the rest of each head as it is
                 _copy_heads(k_row, dst, num_kv_heads, HEAD_SIZE, 2 * HALF, HEAD_SIZE - 2 * HALF,
                             BLOCK_HK, BLOCK_REST)  # fmt: skip
@@ -124,12 +117,7 @@ def rope_and_store_kv(
     counts, widths or cache shapes, or non-contiguous caches.
     """
     num_tokens = positions.shape[0]
-    if rotary_dim % 2 != 0 or rotary_dim > head_size:
-        raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_size {head_size}")
-    if query.dtype != key.dtype:
-        raise ValueError(f"query dtype {query.dtype} != key dtype {key.dtype}")
-    if cos_sin_cache.shape[-1] != rotary_dim:
-        raise ValueError(f"cos_sin_cache last dim {cos_sin_cache.shape[-1]} != {rotary_dim}")
+    check_rope_args(query, key, cos_sin_cache, head_size, rotary_dim)
     if loc.shape[0] != num_tokens or value.shape[0] != num_tokens:
         raise ValueError(
             f"rope_and_store_kv: {num_tokens} positions for {loc.shape[0]} slots and "
@@ -144,10 +132,7 @@ def rope_and_store_kv(
     q_rows, q_copy = _token_rows(query, num_tokens)
     k_rows, k_copy = _token_rows(key, num_tokens)
     v_rows = _token_rows(value, num_tokens)[0]
-    if q_rows.shape[1] % head_size != 0 or k_rows.shape[1] % head_size != 0:
-        raise ValueError(f"query/key widths are not multiples of head_size {head_size}")
-    num_q_heads = q_rows.shape[1] // head_size
-    num_kv_heads = k_rows.shape[1] // head_size
+    num_q_heads, num_kv_heads = heads_of(q_rows, k_rows, head_size)
     if v_rows.shape[1] != k_rows.shape[1] or tuple(k_cache.shape[1:]) != (num_kv_heads, head_size):
         raise ValueError(
             f"rope_and_store_kv: key rows of {k_rows.shape[1]}, value rows of "

@@ -29,17 +29,25 @@ def rotate_halves(x1, x2, cos, sin):
 
 
 @triton.jit
-def _rope_heads(base_ptr, num_heads, cos, sin, HEAD_SIZE: tl.constexpr, HALF: tl.constexpr,
-                BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+def _rope_heads(base_ptr, num_heads, cos, sin, dst_ptr, HEAD_SIZE: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                TO_DST: tl.constexpr):  # fmt: skip
+    """Rotate the first 2 * HALF channels of num_heads heads at base_ptr in place; with TO_DST
+    also write them, cast to dst's dtype, at the same offsets from dst_ptr (rope_kv.py's key
+    cache slot; dst_ptr is not read otherwise)."""
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < num_heads) & (dims < HALF)
-    ptr1 = base_ptr + heads * HEAD_SIZE + dims
-    x1 = tl.load(ptr1, mask=mask, other=0.0)
-    x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0)
+    offs = heads * HEAD_SIZE + dims
+    x1 = tl.load(base_ptr + offs, mask=mask, other=0.0)
+    x2 = tl.load(base_ptr + offs + HALF, mask=mask, other=0.0)
     o1, o2 = rotate_halves(x1, x2, cos, sin)
-    tl.store(ptr1, o1, mask=mask)
-    tl.store(ptr1 + HALF, o2, mask=mask)
+    tl.store(base_ptr + offs, o1, mask=mask)
+    tl.store(base_ptr + offs + HALF, o2, mask=mask)
+    if TO_DST:
+        dst_dtype = dst_ptr.dtype.element_ty
+        tl.store(dst_ptr + offs, o1.to(dst_dtype), mask=mask)
+        tl.store(dst_ptr + offs + HALF, o2.to(dst_dtype), mask=mask)
 
 
 @triton.jit
@@ -80,10 +88,12 @@ def _rope_kernel(
     token = tl.program_id(0).to(tl.int64)
     cos, sin = cos_sin_row(pos_ptr, cache_ptr, token, cache_stride, max_position,
                            q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
-    _rope_heads(q_ptr + token * q_stride, num_q_heads, cos, sin, HEAD_SIZE, HALF, BLOCK_HQ,
-                BLOCK_HALF)  # fmt: skip
-    _rope_heads(k_ptr + token * k_stride, num_k_heads, cos, sin, HEAD_SIZE, HALF, BLOCK_HK,
-                BLOCK_HALF)  # fmt: skip
+    q_row = q_ptr + token * q_stride
+    k_row = k_ptr + token * k_stride
+    _rope_heads(q_row, num_q_heads, cos, sin, q_row, HEAD_SIZE, HALF, BLOCK_HQ, BLOCK_HALF,
+                False)  # fmt: skip
+    _rope_heads(k_row, num_k_heads, cos, sin, k_row, HEAD_SIZE, HALF, BLOCK_HK, BLOCK_HALF,
+                False)  # fmt: skip
 
 
 def _token_rows(t: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, bool]:
@@ -96,6 +106,32 @@ def _token_rows(t: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, bool]:
         except RuntimeError:
             pass
     return t.reshape(num_tokens, -1).contiguous(), True
+
+
+def check_rope_args(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    head_size: int,
+    rotary_dim: int,
+) -> None:
+    """The argument checks of a RoPE launch (rotary_embedding_, rope_kv.rope_and_store_kv).
+    Raises ValueError on an odd rotary_dim or one > head_size, query and key dtypes that
+    differ, or a cache whose last dim is not rotary_dim."""
+    if rotary_dim % 2 != 0 or rotary_dim > head_size:
+        raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_size {head_size}")
+    if query.dtype != key.dtype:
+        raise ValueError(f"query dtype {query.dtype} != key dtype {key.dtype}")
+    if cos_sin_cache.shape[-1] != rotary_dim:
+        raise ValueError(f"cos_sin_cache last dim {cos_sin_cache.shape[-1]} != {rotary_dim}")
+
+
+def heads_of(q_rows: torch.Tensor, k_rows: torch.Tensor, head_size: int) -> tuple[int, int]:
+    """(query heads, key heads) of [T, width] rows. Raises ValueError when a width is not a
+    multiple of head_size."""
+    if q_rows.shape[1] % head_size != 0 or k_rows.shape[1] % head_size != 0:
+        raise ValueError(f"query/key widths are not multiples of head_size {head_size}")
+    return q_rows.shape[1] // head_size, k_rows.shape[1] // head_size
 
 
 def rotary_embedding_(
@@ -115,18 +151,10 @@ def rotary_embedding_(
     Raises ValueError on inconsistent shapes or an odd rotary_dim > head_size.
     """
     num_tokens = positions.shape[0]
-    if rotary_dim % 2 != 0 or rotary_dim > head_size:
-        raise ValueError(f"rotary_dim {rotary_dim} must be even and <= head_size {head_size}")
-    if query.dtype != key.dtype:
-        raise ValueError(f"query dtype {query.dtype} != key dtype {key.dtype}")
-    if cos_sin_cache.shape[-1] != rotary_dim:
-        raise ValueError(f"cos_sin_cache last dim {cos_sin_cache.shape[-1]} != {rotary_dim}")
+    check_rope_args(query, key, cos_sin_cache, head_size, rotary_dim)
     q_rows, q_copy = _token_rows(query, num_tokens)
     k_rows, k_copy = _token_rows(key, num_tokens)
-    if q_rows.shape[1] % head_size != 0 or k_rows.shape[1] % head_size != 0:
-        raise ValueError(f"query/key widths are not multiples of head_size {head_size}")
-    num_q_heads = q_rows.shape[1] // head_size
-    num_k_heads = k_rows.shape[1] // head_size
+    num_q_heads, num_k_heads = heads_of(q_rows, k_rows, head_size)
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     half = rotary_dim // 2
     if num_tokens > 0 and half > 0:
