@@ -21,6 +21,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return make_tiny_model_dir(str(tmp_path_factory.mktemp("tiny_llama")))
 
 
+@pytest.fixture(scope="session")
+def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """A random EAGLE-3 draft for tiny_model_dir (make_tiny_eagle3_dir's defaults: no draft
+    vocabulary, seed 0), shared by the speculative tests that only read it."""
+    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+
+    return make_tiny_eagle3_dir(str(tmp_path_factory.mktemp("eagle3")), tiny_model_dir)
+
+
 LIMITS_API_KEY = "sk-test-key"
 
 

@@ -21,7 +21,6 @@ from sglang.test.scheduler_utils import (
     run_until_idle,
     submit,
 )
-from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 K = 3
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
@@ -30,11 +29,6 @@ GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 def prompt(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(100, 40000) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
-    return make_tiny_eagle3_dir(str(tmp_path_factory.mktemp("eagle3")), tiny_model_dir)
 
 
 def spec_scheduler(tiny_model_dir, draft_dir, **kw):

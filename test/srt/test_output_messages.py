@@ -9,7 +9,6 @@ import json
 
 from sglang.srt.managers.io_struct import BatchStrOut, merge_spec, spec_meta
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
-from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 
 def test_streamed_messages_carry_text_deltas(tiny_model_dir):
@@ -93,12 +92,11 @@ def _spec_messages(tiny_model_dir, draft_dir, **kw) -> tuple[list, object]:
     return counters, reqs["s"]
 
 
-def test_spec_counters_send_the_histogram_only_after_it_changed(tiny_model_dir, tmp_path):
+def test_spec_counters_send_the_histogram_only_after_it_changed(tiny_model_dir, draft_dir):
     """Each message carries the request's verify / accepted / proposed counts, and its accept
     histogram only when a drafting step changed it since the previous message (always with
     static K; once, in the first message, when nothing drafts); merge_spec fills the gaps and
     spec_meta's keys equal the request's own counters."""
-    draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
     never = json.dumps({"time_model": {"verify_tokens": 1.0}, "online_correction": False})
     static, req = _spec_messages(tiny_model_dir, draft_dir)
     assert len(static) >= 4 and static[0][3] is not None

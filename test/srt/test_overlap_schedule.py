@@ -19,7 +19,6 @@ from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.srt.server_args_resolve import resolve_server_args
 from sglang.test.engine_checks import assert_no_kv_leak
 from sglang.test.scheduler_utils import abort, collect, make_scheduler, run_until_idle, submit
-from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -288,11 +287,6 @@ def test_aborts_mid_run(tiny_model_dir, greedy_reference):
 
 
 # ------------------------------------------------------------------ speculative decoding
-@pytest.fixture(scope="module")
-def draft_dir(tiny_model_dir, tmp_path_factory) -> str:
-    return make_tiny_eagle3_dir(str(tmp_path_factory.mktemp("eagle3_overlap")), tiny_model_dir)
-
-
 def spec_jobs(ps, caps):
     def jobs(sched):
         for i, p in enumerate(ps):
