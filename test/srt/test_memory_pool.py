@@ -45,3 +45,15 @@ def test_allocator_stack_order_and_double_free():
     assert a.alloc(100) is None
     with pytest.raises(ValueError, match="double free"):
         a.free(torch.arange(1, 11))
+
+
+def test_req_to_token_mirror_stays_on_cpu_under_another_default_device():
+    """The scheduler's mirror is a CPU tensor (numpy view) whatever the default device; the
+    fused-kernel tests build pools inside `with torch.device("cuda")`. The meta device stands
+    in for CUDA here: the pool on meta, its mirror still on the CPU."""
+    with torch.device("meta"):
+        pool = ReqToTokenPool(4, 8, "meta")
+    assert pool.req_to_token.device.type == "meta"
+    assert pool.req_to_token_cpu.device.type == "cpu"
+    pool.write(0, 0, torch.tensor([5, 6, 7], dtype=torch.int32))
+    assert pool.req_to_token_cpu[0, :3].tolist() == [5, 6, 7]

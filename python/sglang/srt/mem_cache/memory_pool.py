@@ -29,7 +29,9 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
         on_cpu = torch.device(device).type == "cpu"
         self.req_to_token_cpu = (
-            self.req_to_token if on_cpu else torch.zeros((size, max_context_len), dtype=torch.int32)
+            self.req_to_token
+            if on_cpu
+            else torch.zeros((size, max_context_len), dtype=torch.int32, device="cpu")
         )
         self._cpu_flat = self.req_to_token_cpu.numpy().reshape(-1)  # [size * width] int32 view
         self.free_slots: list[int] = list(range(size))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.rotary_embedding import rope_sharing
 from sglang.srt.model_loader.bundled import bundled_gguf_path
 from sglang.srt.model_loader.gguf_convert import convert_gguf_to_hf
 from sglang.srt.model_loader.weight_utils import (
@@ -77,7 +78,7 @@ def get_model(
         raise ValueError(f"Unknown load_format '{load_format}'; choose from {LOAD_FORMATS}")
     model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architecture)
     start = time.perf_counter()
-    with default_torch_dtype(model_config.dtype), torch.device(device):
+    with default_torch_dtype(model_config.dtype), torch.device(device), rope_sharing():
         model = model_cls(model_config.hf_config)
     if load_format == "dummy":
         initialize_dummy_weights(model, seed=0 if random_seed is None else random_seed)

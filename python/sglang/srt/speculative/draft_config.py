@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 
+from sglang.srt.layers.rotary_embedding import rope_sharing
 from sglang.srt.model_loader.loader import default_torch_dtype
 from sglang.srt.model_loader.weight_utils import checkpoint_weights_iterator
 from sglang.srt.models.llama_eagle import LlamaForCausalLMEagle
@@ -243,7 +244,7 @@ def load_draft_model(
         hf_config = build_draft_hf_config(cfg)
         layer_ids = aux_layer_ids(hf_config, target_config.num_hidden_layers)
         model_cls = LlamaForCausalLMEagle3
-    with default_torch_dtype(dtype or target_config.dtype), torch.device(device):
+    with default_torch_dtype(dtype or target_config.dtype), torch.device(device), rope_sharing():
         model = model_cls(hf_config)
     loaded = model.load_weights(checkpoint_weights_iterator(draft_path))
     missing = sorted(model.required_weight_names() - loaded)
