@@ -31,9 +31,9 @@
 #                                    # 192 steps and 8 TTFT rounds; results copied to $OUT as
 #                                    # they come (a call cut short keeps what finished)
 #   bash scripts/gpu_diagnose.sh L   # issue 6 fusions and launch cost: the fused-kernel tests,
-#                                    # the 8B batch-1 roofline with the GEMV prologues and the
-#                                    # RoPE + KV store fusion off, each alone off, and both on
-#                                    # (SGLANG_FUSED_GEMV_PROLOGUE / SGLANG_FUSED_ROPE_KV), then
+#                                    # the 8B batch-1 roofline with the GEMV prologues off, norm,
+#                                    # silu, all (SGLANG_FUSED_GEMV_PROLOGUE) and the RoPE + KV
+#                                    # store fusion off and on (SGLANG_FUSED_ROPE_KV), then
 #                                    # bench_linear_launch.py (host us per F.linear by M)
 #   bash scripts/gpu_diagnose.sh P   # where both servers' processes spend a paired run at
 #                                    # c = P_CONC (default 2): SmolLM2, no_spec and adaptive up
@@ -197,7 +197,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       test/srt/test_fused_rope_kv.py -q -p no:cacheprovider -rf --tb=short \
       > "$D/gpu_validate_fused_$TAG.log" 2>&1
     echo "fused tests rc=$?"; tail -3 "$D/gpu_validate_fused_$TAG.log"
-    for cfg in "0 0" "1 0" "0 1" "1 1"; do
+    for cfg in "0 0" "0 1" "norm 1" "silu 1" "all 1"; do
       set -- $cfg
       [ "$(left)" -lt 100 ] && { echo "no time left for prologue=$1 rope_kv=$2"; continue; }
       SGLANG_FUSED_GEMV_PROLOGUE=$1 SGLANG_FUSED_ROPE_KV=$2 timeout -k 5 "$(box 100)" \

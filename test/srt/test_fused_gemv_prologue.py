@@ -1,7 +1,7 @@
 """The GEMV with its input computed in its K loop (layers/triton_kernels/gemv_prologue.py):
 RMSNorm -> GEMV and SiLU-and-mul -> GEMV against the unfused Triton kernels (bit for bit under
-the interpreter) and a float64 reference, and their use in the Llama decoder layer (on by default
-at one row on CUDA; SGLANG_FUSED_GEMV_PROLOGUE=0 turns only the fusion off).
+the interpreter) and a float64 reference, and their use in the Llama decoder layer (at one row on
+CUDA, where SGLANG_FUSED_GEMV_PROLOGUE names them: off by default).
 
 Without CUDA the kernels run on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
 set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small.
@@ -46,6 +46,7 @@ ATOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 SMALL_TILE = GemvTile(4, 64, 2)  # several K steps and a partial last one at these sizes
 EPS = 1e-5
+NONE, ALL = frozenset(), frozenset(triton_kernels.GEMV_PROLOGUE_KINDS)
 
 
 def _exact_or_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
@@ -167,37 +168,49 @@ def test_prologue_kernels_reject_unsupported_inputs() -> None:
 
 
 def test_flag_is_read_from_the_environment(monkeypatch) -> None:
+    read = triton_kernels._fused_gemv_prologues
     monkeypatch.delenv("SGLANG_FUSED_GEMV_PROLOGUE", raising=False)
-    assert triton_kernels._fused_gemv_prologue_enabled()  # on by default
-    for off in ("0", "off", "false"):
-        monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", off)
-        assert not triton_kernels._fused_gemv_prologue_enabled()
-    monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", "1")
-    assert triton_kernels._fused_gemv_prologue_enabled()
+    assert read() == frozenset()  # off by default
+    for value, kinds in (
+        ("0", set()),
+        ("off", set()),
+        ("1", {"norm", "silu"}),
+        ("all", {"norm", "silu"}),
+        ("norm", {"norm"}),
+        (" SiLU ", {"silu"}),
+        ("silu,norm", {"norm", "silu"}),
+    ):
+        monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", value)
+        assert read() == kinds, value
+    for bad in ("rope", "norm,gelu", ","):
+        monkeypatch.setenv("SGLANG_FUSED_GEMV_PROLOGUE", bad)
+        with pytest.raises(ValueError, match="SGLANG_FUSED_GEMV_PROLOGUE"):
+            read()
 
 
-def test_gate_needs_the_gemv_gate_and_the_flag(monkeypatch) -> None:
-    """use_fused_gemv_prologue = the flag and use_triton_gemv (so SGLANG_TRITON_GEMV=0 and
+def test_gate_needs_the_gemv_gate_and_the_kind(monkeypatch) -> None:
+    """use_fused_gemv_prologue = the kind is on and use_triton_gemv (so SGLANG_TRITON_GEMV=0 and
     SGLANG_DISABLE_TRITON_KERNELS=1 turn the fusion off too); never on CPU tensors."""
     x, w = torch.randn(1, 32, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
     seen = []
     monkeypatch.setattr(triton_kernels, "use_triton_gemv", lambda *a: seen.append(a) or True)
-    for flag in (False, True):
-        monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", flag)
-        assert triton_kernels.use_fused_gemv_prologue(x, w) == flag
-    assert len(seen) == 1
+    for kinds in ((), ("silu",), ("norm", "silu")):
+        monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", frozenset(kinds))
+        assert triton_kernels.use_fused_gemv_prologue(x, w, "norm") == ("norm" in kinds)
+        assert triton_kernels.use_fused_gemv_prologue(x, w, "silu") == ("silu" in kinds)
+    assert len(seen) == 3
     monkeypatch.undo()
     monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
-    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", ALL)
     if HAS_CUDA:
-        assert triton_kernels.use_fused_gemv_prologue(x.cuda(), w.cuda())
-    assert not triton_kernels.use_fused_gemv_prologue(x.cpu(), w.cpu())
+        assert triton_kernels.use_fused_gemv_prologue(x.cuda(), w.cuda(), "norm")
+    assert not triton_kernels.use_fused_gemv_prologue(x.cpu(), w.cpu(), "norm")
 
 
-def _cpu_gate(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _cpu_gate(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:
     """use_fused_gemv_prologue without its CUDA condition (the kernels run interpreted)."""
     return (
-        triton_kernels.FUSED_GEMV_PROLOGUE_ENABLED
+        kind in triton_kernels.FUSED_GEMV_PROLOGUES
         and triton_kernels.TRITON_GEMV_ENABLED
         and triton_kernels.gemv_applies(x, weight)
     )
@@ -269,24 +282,31 @@ def _counts(calls: dict[str, int]) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    "arch,fused_flag",
-    [("LlamaForCausalLM", True), ("LlamaForCausalLM", False), ("Qwen2ForCausalLM", True)],
+    "arch,kinds",
+    [
+        ("LlamaForCausalLM", ("norm", "silu")),
+        ("LlamaForCausalLM", ()),
+        ("LlamaForCausalLM", ("norm",)),
+        ("LlamaForCausalLM", ("silu",)),
+        ("Qwen2ForCausalLM", ("norm", "silu")),
+    ],
 )
 def test_decode_equal_with_and_without_fusion(
-    monkeypatch, triton_on_cpu, tiny_bf16, arch, fused_flag
+    monkeypatch, triton_on_cpu, tiny_bf16, arch, kinds
 ) -> None:
     """Logits and EAGLE-3 aux states of the tiny model (bf16) equal bit for bit with the fusion
-    on and off (the unfused path: the RMSNorm and SiLU kernels and the GEMV); the flag decides
-    whether the fused GEMVs run: two norms and one SiLU per layer per decode step."""
+    on and off (the unfused path: the RMSNorm and SiLU kernels and the GEMV); the kinds turned
+    on decide which fused GEMVs run: two norms and one SiLU per layer per decode step."""
     model, mc = tiny_bf16(arch)
-    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", False)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", NONE)
     unfused = _prefill_then_decode(model, mc)
     assert _counts(triton_on_cpu) == (0, 0)
-    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", fused_flag)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", frozenset(kinds))
     fused = _prefill_then_decode(model, mc)
     steps, layers = 2, mc.num_hidden_layers
     assert _counts(triton_on_cpu) == (
-        (2 * layers * steps, layers * steps) if fused_flag else (0, 0)
+        2 * layers * steps if "norm" in kinds else 0,
+        layers * steps if "silu" in kinds else 0,
     )
     assert fused[3].shape == (1, 3 * mc.hidden_size)  # a decode step's aux states
     for a, b in zip(fused, unfused, strict=True):
@@ -321,9 +341,9 @@ def test_eagle_draft_layer_without_input_norm(
             outs += [out.logits, out.hidden_states]
         return outs
 
-    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", False)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", NONE)
     unfused = run()
-    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", ALL)
     fused = run()
     assert _counts(triton_on_cpu) == (2 * 3, 2 * 2)  # per step: 1 + 2 norms, 2 SiLUs
     for a, b in zip(fused, unfused, strict=True):
@@ -333,7 +353,7 @@ def test_eagle_draft_layer_without_input_norm(
 def test_applies_only_to_the_plain_pair(monkeypatch, triton_on_cpu, tiny_bf16) -> None:
     """Identity norms (EAGLE layer 0), tensor parallelism, two rows and float32 keep the
     unfused modules."""
-    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUE_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", ALL)
     layer = tiny_bf16()[0].model.layers[0]
     norm, qkv, mlp = layer.input_layernorm, layer.self_attn.qkv_proj, layer.mlp
     x = torch.randn(1, qkv.input_size, dtype=torch.bfloat16)

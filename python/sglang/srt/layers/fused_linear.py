@@ -4,7 +4,8 @@ three kernels fewer per decoder layer.
 
 Each ``*_applies`` check says whether the fused kernel may replace the unfused pair: the GEMV
 would take the unfused path's input (use_fused_gemv_prologue: one bf16/fp16 row on CUDA, the
-GEMV enabled, SGLANG_FUSED_GEMV_PROLOGUE not "0"), tensor-parallel size 1, the plain RMSNorm,
+GEMV enabled, the kind named in SGLANG_FUSED_GEMV_PROLOGUE: off by default, see
+triton_kernels/__init__.py), tensor-parallel size 1, the plain RMSNorm,
 and a bias the GEMV adds as apply_linear does. Otherwise callers run the unfused modules.
 """
 
@@ -25,7 +26,7 @@ def rmsnorm_linear_applies(
     norm is exactly RMSNorm (not a subclass, not nn.Identity) with x's dtype, linear a
     ColumnParallelLinear at tp_size 1 that adds its own bias (of x's dtype, if any), x [1, H]
     with H <= NORM_PROLOGUE_MAX_HIDDEN, residual None or of x's shape, dtype and strides, and
-    use_fused_gemv_prologue(x, linear.weight)."""
+    use_fused_gemv_prologue(x, linear.weight, "norm")."""
     if type(norm) is not RMSNorm or not isinstance(linear, ColumnParallelLinear):
         return False
     bias = linear.bias
@@ -37,7 +38,7 @@ def rmsnorm_linear_applies(
         and x.shape[-1] <= NORM_PROLOGUE_MAX_HIDDEN
         and norm.weight.dtype == x.dtype
         and (residual is None or _same_layout(residual, x))
-        and use_fused_gemv_prologue(x, linear.weight)
+        and use_fused_gemv_prologue(x, linear.weight, "norm")
     )
 
 
@@ -62,7 +63,7 @@ def rmsnorm_linear(
 def silu_mul_linear_applies(gate_up: torch.Tensor, linear: nn.Module) -> bool:
     """Whether silu_mul_linear(gate_up, linear) may replace SiluAndMul then ``linear``: linear
     a RowParallelLinear at tp_size 1, gate_up a contiguous [1, 2 * I] for its [N, I] weight, and
-    use_fused_gemv_prologue for the [1, I] row SiluAndMul would make."""
+    use_fused_gemv_prologue(..., "silu") for the [1, I] row SiluAndMul would make."""
     if not isinstance(linear, RowParallelLinear) or linear.tp_size != 1:
         return False
     inter = linear.weight.shape[-1]
@@ -70,7 +71,7 @@ def silu_mul_linear_applies(gate_up: torch.Tensor, linear: nn.Module) -> bool:
         gate_up.dim() == 2
         and gate_up.shape[-1] == 2 * inter
         and gate_up.is_contiguous()
-        and use_fused_gemv_prologue(gate_up[:, :inter], linear.weight)
+        and use_fused_gemv_prologue(gate_up[:, :inter], linear.weight, "silu")
     )
 
 

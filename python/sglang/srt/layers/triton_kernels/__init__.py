@@ -8,9 +8,10 @@ The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
 ``use_triton_gemv(x, weight)`` is true; SGLANG_TRITON_GEMV=0 turns it off (on by default since
 the H200 measured it: Llama-3.1-8B-shaped batch-1 decode 4.97 -> 4.54 ms per step, roofline
 fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results/*_r8).
-Where the GEMV applies, ``use_fused_gemv_prologue`` also lets it compute its own input
-(gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py);
-SGLANG_FUSED_GEMV_PROLOGUE=0 turns only that fusion off.
+Where the GEMV applies, ``use_fused_gemv_prologue`` can also let it compute its own input
+(gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py):
+off unless SGLANG_FUSED_GEMV_PROLOGUE names them (1 / all, norm, silu), since both together
+made the 8B-shaped batch-1 decode slower on the H200.
 RoPE fused with the KV store (rope_kv.py) runs where ``use_fused_rope_kv(q)`` is true and the
 layer's step qualifies (layers/fused_rope_kv.py); SGLANG_FUSED_ROPE_KV=0 turns only it off.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
@@ -77,26 +78,46 @@ def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return TRITON_GEMV_ENABLED and x.is_cuda and gemv_applies(x, weight)
 
 
-def _fused_gemv_prologue_enabled() -> bool:
+GEMV_PROLOGUE_KINDS = ("norm", "silu")
+
+
+def _fused_gemv_prologues() -> frozenset[str]:
+    """The GEMV prologues SGLANG_FUSED_GEMV_PROLOGUE turns on: unset, "", "0", "off", "false",
+    "no" none; "1", "on", "true", "yes", "all" both; else a comma list of "norm" (RMSNorm before
+    qkv_proj / gate_up_proj) and "silu" (SiLU-and-mul before down_proj).
+    Raises ValueError naming the variable for any other value."""
     flag = env_flag("FUSED_GEMV_PROLOGUE").strip().lower()
-    return flag not in ("0", "false", "no", "off")
+    if flag in ("", "0", "off", "false", "no"):
+        return frozenset()
+    if flag in ("1", "on", "true", "yes", "all"):
+        return frozenset(GEMV_PROLOGUE_KINDS)
+    kinds = frozenset(k.strip() for k in flag.split(",") if k.strip())
+    unknown = sorted(kinds - set(GEMV_PROLOGUE_KINDS))
+    if unknown or not kinds:
+        raise ValueError(
+            f"SGLANG_FUSED_GEMV_PROLOGUE={flag!r}: expected 0, 1, all, or a comma list of "
+            f"{', '.join(GEMV_PROLOGUE_KINDS)} (unknown: {', '.join(unknown) or 'empty list'})"
+        )
+    return kinds
 
 
-# Decided once at import: SGLANG_FUSED_GEMV_PROLOGUE is not "0" (on by default; the GEMV's own
-# switches above still apply, see use_fused_gemv_prologue).
-FUSED_GEMV_PROLOGUE_ENABLED: bool = _fused_gemv_prologue_enabled()
+# Decided once at import; off by default: on the H200 the Llama-3.1-8B-shaped batch-1 decode
+# took 5.59 ms per step with both prologues against 4.51 without (roofline fraction 0.63 against
+# 0.78; benchmark/results/decode_roofline_prologue*_h200_s14.json). The GEMV's own switches
+# still apply (use_fused_gemv_prologue).
+FUSED_GEMV_PROLOGUES: frozenset[str] = _fused_gemv_prologues()
 
 # Largest hidden size the RMSNorm prologue takes: each program reduces the whole row at once.
 NORM_PROLOGUE_MAX_HIDDEN = 16384
 
 
-def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:
     """True when the GEMV of ``x @ weight.T`` should compute x itself in its K loop
-    (gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down): x is the GEMV
-    input the unfused path would make (or a view of that shape, dtype and device), the Triton
-    GEMV would take it (use_triton_gemv: SGLANG_TRITON_GEMV and SGLANG_DISABLE_TRITON_KERNELS
-    apply) and SGLANG_FUSED_GEMV_PROLOGUE is not "0"."""
-    return FUSED_GEMV_PROLOGUE_ENABLED and use_triton_gemv(x, weight)
+    (gemv_prologue.py; kind "norm": RMSNorm before qkv/gate_up, "silu": SiLU-and-mul before
+    down): kind is in SGLANG_FUSED_GEMV_PROLOGUE, x is the GEMV input the unfused path would
+    make (or a view of that shape, dtype and device), and the Triton GEMV would take it
+    (use_triton_gemv: SGLANG_TRITON_GEMV and SGLANG_DISABLE_TRITON_KERNELS apply)."""
+    return kind in FUSED_GEMV_PROLOGUES and use_triton_gemv(x, weight)
 
 
 def _fused_rope_kv_enabled() -> bool:
