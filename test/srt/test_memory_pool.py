@@ -48,11 +48,15 @@ def test_allocator_stack_order_and_double_free():
 
 
 def test_req_to_token_mirror_stays_on_cpu_under_another_default_device():
-    """The scheduler's mirror is a CPU tensor (numpy view) whatever the default device; the
-    fused-kernel tests build pools inside `with torch.device("cuda")`. The meta device stands
+    """The scheduler's mirror and the KV allocator's stack are CPU tensors (numpy views)
+    whatever the default device; the fused-kernel tests build pools inside
+    `with torch.device("cuda")`. The meta device stands
     in for CUDA here: the pool on meta, its mirror still on the CPU."""
     with torch.device("meta"):
         pool = ReqToTokenPool(4, 8, "meta")
+        allocator = TokenToKVPoolAllocator(16)  # its free stack is a CPU tensor (numpy view)
+    assert allocator.free_slots.device.type == "cpu"
+    assert allocator.alloc(3).tolist() == [1, 2, 3]
     assert pool.req_to_token.device.type == "meta"
     assert pool.req_to_token_cpu.device.type == "cpu"
     pool.write(0, 0, torch.tensor([5, 6, 7], dtype=torch.int32))

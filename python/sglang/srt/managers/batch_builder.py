@@ -263,7 +263,7 @@ class BatchBuilder:
         info = self.sampling_info(sampled) if sampled else None
         mwb = ModelWorkerBatch(
             forward_mode=batch.forward_mode,
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device="cpu"),
             out_cache_loc=(
                 torch.from_numpy(np.concatenate(slots))
                 if batch.out_cache_loc is None

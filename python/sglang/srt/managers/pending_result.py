@@ -44,7 +44,7 @@ def copy_to_host_async(
     only after event.synchronize(). On the CPU: (t, None)."""
     if t.device.type != "cuda":
         return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
     host.copy_(t, non_blocking=True)
     event = torch.cuda.Event(enable_timing=timed)
     event.record()

@@ -66,7 +66,7 @@ class Req:
         # Memory (scheduler-owned)
         self.req_pool_idx: int | None = None
         self.kv_len = 0  # tokens of fill_ids whose KV is in the pool
-        self.prefix_indices = torch.empty(0, dtype=torch.int64)  # radix-shared prefix slots
+        self.prefix_indices = torch.empty(0, dtype=torch.int64, device="cpu")  # radix prefix slots
         self.last_node: Any = None  # radix node locked by this request
         # leading tokens of the matched prefix whose draft KV is valid too (speculation)
         self.prefix_draft_valid_len = 0

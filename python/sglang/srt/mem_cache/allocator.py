@@ -20,7 +20,7 @@ class TokenToKVPoolAllocator:
 
     def clear(self) -> None:
         # [size], top of the stack at the end; a fresh pool hands out 1, 2, 3, ... in order
-        self._stack = torch.arange(self.size, 0, -1, dtype=torch.int64)
+        self._stack = torch.arange(self.size, 0, -1, dtype=torch.int64, device="cpu")
         # its numpy view: alloc and free move slots through it, without torch calls (a
         # drafting step frees each request's rejected slots)
         self._stack_np = self._stack.numpy()

@@ -86,7 +86,9 @@ class _StaticInputs:
         size = 5 * max_bs + 3 * max_tokens
         self.dev = torch.zeros(size, dtype=torch.int64, device=device)
         pin = device.type == "cuda"
-        self.hosts = [torch.zeros(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.hosts = [
+            torch.zeros(size, dtype=torch.int64, device="cpu", pin_memory=pin) for _ in range(2)
+        ]
         self.events: list = [None, None]  # torch.cuda.Event after each buffer's last upload
         self.turn = 0
 

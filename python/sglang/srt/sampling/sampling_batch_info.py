@@ -255,8 +255,8 @@ def _upload_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([3, bs] int64, [3, bs] float32) on `device`; on CUDA from one packed host-to-device
     copy (pack_rows / unpack_rows)."""
-    ints = torch.tensor(int_rows, dtype=torch.int64)
-    floats = torch.tensor(float_rows, dtype=torch.float32)
+    ints = torch.tensor(int_rows, dtype=torch.int64, device="cpu")
+    floats = torch.tensor(float_rows, dtype=torch.float32, device="cpu")
     if device.type != "cuda":
         return ints.to(device), floats.to(device)
     return unpack_rows(to_device_async(pack_rows(ints, floats), device), ints.shape)
