@@ -1,6 +1,6 @@
 """TokenizerManager: runs in the main process (HTTP server or Engine). Validates and tokenizes
 requests, sends them to the scheduler over ZMQ, and turns the scheduler's BatchStrOut messages
-into upstream-style output dicts."""
+into upstream-style output dicts (the output side is in tokenizer_output)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import copy
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
@@ -25,17 +24,22 @@ from sglang.srt.managers.io_struct import (
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
-    SpecCounters,
     TokenizedGenerateReqInput,
-    merge_spec,
     new_rid,
-    spec_meta,
 )
 from sglang.srt.managers.request_validation import (
     build_sampling_params,
     check_logprob_params,
     check_n,
     check_prompt_length,
+)
+from sglang.srt.managers.tokenizer_output import (
+    ReqState,
+    TokenTextCache,
+    build_output,
+    full_meta,
+    handle_batch_out,
+    observe_finished,
 )
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.tokenizer import get_tokenizer
@@ -50,33 +54,6 @@ class QueueFullError(RuntimeError):
     """Raised when --max-queued-requests requests are already waiting (HTTP 503)."""
 
 
-@dataclass
-class ReqState:
-    """Tokenizer-side state of one request (main process only)."""
-
-    rid: str
-    prompt_tokens: int
-    return_logprob: bool
-    created: float = field(default_factory=time.perf_counter)
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
-    spec: SpecCounters | None = None  # a speculative server's counters (full_meta expands them)
-    finished: bool = False
-    # the client left before the end: the rid stays taken (a reuse is refused) until the
-    # scheduler's final output for it arrives, so that no later request gets this one's outputs
-    abandoned: bool = False
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    first_token_time: float | None = None  # the scheduler's perf_counter() stamp
-    last_token_time: float | None = None  # arrival of the latest output (ITL gaps)
-    itls: list[float] = field(default_factory=list)  # per-token latencies after the first
-    output_token_logprobs: list = field(default_factory=list)
-    output_top_logprobs: list = field(default_factory=list)
-    input_token_logprobs: list | None = None
-    input_top_logprobs: list | None = None
-    text_in_logprobs: bool = False  # return_text_in_logprobs: fill each entry's token text
-
-
 class TokenizerManager:
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, port_args) -> None:
         self.server_args = server_args
@@ -84,9 +61,13 @@ class TokenizerManager:
         self.served_model_name = server_args.served_model_name
         self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.chat_template)
         self.port_args = port_args
+        # In-flight requests: added by _submit, updated by tokenizer_output.handle_batch_out,
+        # removed by generate_request's exit or (abandoned ones) by handle_batch_out.
         self.rid_to_state: dict[str, ReqState] = {}
-        self._token_texts: dict[int, str] = {}  # _token_text's cache (at most the vocabulary)
+        # token id -> text for return_text_in_logprobs (cached per id, at most the vocabulary)
+        self._token_text = TokenTextCache(self.tokenizer)
         self.rng = random.Random(server_args.random_seed)
+        # a TokenizerMetricsCollector, set by http_server with --enable-metrics; None: not observed
         self.metrics_collector: Any = None
         self.max_total_num_tokens: int | None = None
         self._sockets_ready = False
@@ -333,97 +314,17 @@ class TokenizerManager:
                 t.cancel()
 
     # ---------------------------------------------------------------- outputs
+    # The output side lives in tokenizer_output; these delegate to it with this manager's state.
     def _handle_batch_out(self, msg: BatchStrOut) -> None:
-        now = time.perf_counter()
-        for i, rid in enumerate(msg.rids):
-            state = self.rid_to_state.get(rid)
-            if state is None:
-                continue
-            if state.abandoned:  # nobody reads it; counted when the client left
-                if msg.finished_reason[i] is not None:
-                    del self.rid_to_state[rid]  # the rid may be used again
-                continue
-            if msg.output_ids_delta[i]:
-                if state.first_token_time is None:
-                    # The scheduler's stamp: a non-streamed request's first delivery is its
-                    # last, so its arrival time would make TTFT the end-to-end latency.
-                    stamp = msg.first_token_time[i] if msg.first_token_time else None
-                    state.first_token_time = stamp if stamp is not None else now
-                elif state.last_token_time is not None:
-                    # Per token, as upstream: a delivery of n tokens (a speculative step's
-                    # accepted drafts + bonus token) spreads its gap evenly over them.
-                    n = len(msg.output_ids_delta[i])
-                    state.itls.extend([(now - state.last_token_time) / n] * n)
-                state.last_token_time = now
-            state.text = msg.apply_text_delta(i, state.text)
-            state.output_ids.extend(msg.output_ids_delta[i])
-            state.meta = dict(msg.meta[i])
-            if msg.spec:
-                state.spec = merge_spec(state.spec, msg.spec[i])
-            if state.return_logprob:
-                state.output_token_logprobs.extend(msg.output_token_logprobs_delta[i] or [])
-                state.output_top_logprobs.extend(msg.output_top_logprobs_delta[i] or [])
-                if msg.input_token_logprobs[i] is not None:
-                    state.input_token_logprobs = msg.input_token_logprobs[i]
-                    state.input_top_logprobs = msg.input_top_logprobs[i]
-            if msg.finished_reason[i] is not None:
-                state.finished = True
-                state.meta["finish_reason"] = msg.finished_reason[i]
-                self._observe_finished(state, now)
-            state.event.set()
+        handle_batch_out(self.rid_to_state, msg, self.metrics_collector)
 
     def _observe_finished(self, state: ReqState, now: float) -> None:
-        state.meta["e2e_latency"] = now - state.created
-        if self.metrics_collector is None:
-            return
-        # No output token (prompt-only or aborted early): no time to first token.
-        first = state.first_token_time
-        meta = self.full_meta(state)
-        self.metrics_collector.observe_request_finished(
-            prompt_tokens=state.prompt_tokens,
-            completion_tokens=len(state.output_ids),
-            cached_tokens=state.meta.get("cached_tokens", 0),
-            ttft_s=None if first is None else first - state.created,
-            itls_s=state.itls,
-            e2e_s=now - state.created,
-            spec_accept_length=meta.get("spec_accept_length"),
-            spec_mean_draft_len=meta.get("spec_mean_draft_len"),
-        )
+        observe_finished(state, now, self.metrics_collector)
 
-    @staticmethod
-    def full_meta(state: ReqState) -> dict:
-        """The request's meta from the last message, with its speculative keys (spec_meta)
-        expanded here rather than by the scheduler thread."""
-        if state.spec is None:
-            return state.meta
-        return {**state.meta, **spec_meta(state.spec, len(state.output_ids))}
+    full_meta = staticmethod(full_meta)
 
     def _output(self, state: ReqState) -> dict:
-        meta = {
-            "id": state.rid,
-            "finish_reason": None,
-            "prompt_tokens": state.prompt_tokens,
-            "completion_tokens": len(state.output_ids),
-            "cached_tokens": 0,
-            **self.full_meta(state),
-        }
-        if state.return_logprob:
-            text = self._token_text if state.text_in_logprobs else None
-            meta["input_token_logprobs"] = _with_text(state.input_token_logprobs or [], text)
-            meta["input_top_logprobs"] = [
-                _with_text(t, text) for t in state.input_top_logprobs or []
-            ]
-            meta["output_token_logprobs"] = _with_text(state.output_token_logprobs, text)
-            meta["output_top_logprobs"] = [_with_text(t, text) for t in state.output_top_logprobs]
-        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
-
-    def _token_text(self, tid: int) -> str:
-        """One token's text, as upstream's return_text_in_logprobs gives it (its
-        tokenizer.batch_decode of single ids); cached per id."""
-        text = self._token_texts.get(tid)
-        if text is None:
-            text = self._token_texts[tid] = self.tokenizer.decode([tid])
-        return text
+        return build_output(state, self._token_text if state.text_in_logprobs else None)
 
     # ---------------------------------------------------------------- control
     def abort_request(self, rid: str) -> None:
@@ -439,13 +340,3 @@ class TokenizerManager:
             GetInternalStateReq(), GetInternalStateReqOutput
         )
         return out.state
-
-
-def _with_text(pairs: list | None, text: Callable[[int], str] | None = None) -> list:
-    """Upstream's logprob entries are (logprob, token_id, token_text); token_text is None
-    unless the request set return_text_in_logprobs (then `text` decodes one token id)."""
-    if pairs is None:
-        return None
-    if text is None:
-        return [(lp, tid, None) for lp, tid in pairs]
-    return [(lp, tid, text(tid)) for lp, tid in pairs]
