@@ -21,7 +21,9 @@ prompts, flush before each point, all requests at once, at most c in flight, gre
 ignore_eos, fixed output length).
 
 Reported per concurrency and configuration (`summary`): the median, min and max over rounds of
-output tok/s, median TTFT and median ITL; and the paired ratio to the first configuration
+output tok/s, median TTFT and median ITL; the median cores kept busy by the client, the
+server's HTTP process and its scheduler process (each point's `cpu_util`, from /proc: a
+single-threaded role near 1.0 caps the point); and the paired ratio to the first configuration
 (output tok/s of the same round), its median, min and max over rounds. Raw points under
 `points`. A markdown table is written next to the JSON, followed by what was not measured.
 With --cpu-sets (one CPU list per configuration) each server's processes run on their own
@@ -68,6 +70,11 @@ def round_order(configs: list[str], r: int) -> list[str]:
     return list(configs) if r % 2 == 0 else list(reversed(configs))
 
 
+# Processes whose CPU use a point records (sweep_serving._cpu_util): the benchmark client and
+# the server's HTTP process and scheduler process.
+CPU_ROLES = ("client", "http", "scheduler")
+
+
 def summarize(points: list[dict], configs: list[str]) -> list[dict]:
     """Per (concurrency, configuration) over the rounds whose point is ok: median / min / max
     of output tok/s, medians of the points' median TTFT and ITL, and the paired ratio of
@@ -88,6 +95,10 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
                 row["output_tok_s_min"], row["output_tok_s_max"] = min(tput), max(tput)
                 for key in ("median_ttft_ms", "median_itl_ms"):
                     row[key] = statistics.median(p[key] for p in runs.values())
+                utils = [p["cpu_util"] for p in runs.values() if p.get("cpu_util")]
+                for role in CPU_ROLES:  # cores busy, median over rounds (sweep_serving)
+                    if utils:
+                        row[f"cpu_{role}_median"] = statistics.median(u[role] for u in utils)
             ratios = [
                 p["output_throughput"] / b["output_throughput"]
                 for r, p in runs.items()
@@ -141,13 +152,16 @@ def markdown(result: dict) -> str:
         "    " + result["meta"]["command"],
         "",
         "| c | config | rounds | output tok/s (median, min-max) | ratio (median, min-max) "
-        "| TTFT ms | ITL ms |",
-        "|---|---|---|---|---|---|---|",
+        "| TTFT ms | ITL ms | cores busy: client / http / scheduler |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["summary"]:
         if not r["rounds"]:
-            lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - |")
+            lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - | - |")
             continue
+        cpu = "-"
+        if f"cpu_{CPU_ROLES[0]}_median" in r:
+            cpu = " / ".join(f"{r[f'cpu_{role}_median']:.2f}" for role in CPU_ROLES)
         tput = (
             f"{_tok_s(r['output_tok_s_median'])} ({_tok_s(r['output_tok_s_min'])}-"
             f"{_tok_s(r['output_tok_s_max'])})"
@@ -160,7 +174,7 @@ def markdown(result: dict) -> str:
             )
         lines.append(
             f"| {r['concurrency']} | {r['config']} | {r['rounds']} | {tput} | {ratio} "
-            f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} |"
+            f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} | {cpu} |"
         )
     missing = failures(result)
     if missing:

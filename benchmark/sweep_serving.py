@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from bench_common import RESULTS_DIR, error_record, run_meta, write_json
-from bench_server import Server, log_tail
+from bench_server import Server, cpu_seconds_by_role, log_tail
 from sweep_presets import CONFIGS, MTBENCH, PRESETS, Preset, config_flags
 
 KEEP_METRICS = (
@@ -123,14 +123,28 @@ def run_point(server: Server, rows: list, c: int, timeout_s: float) -> dict[str,
         ["--base-url", server.url, "--num-prompts", str(len(rows))]
         + ["--max-concurrency", str(c), "--disable-tqdm", "--seed", "1"]
     )
+    cpu0, wall0 = _cpu_seconds(server), time.perf_counter()
     res = asyncio.run(asyncio.wait_for(bench_serving.benchmark(bargs, rows, "default"), timeout_s))
     point = {k: res.get(k) for k in KEEP_METRICS}
+    point["cpu_util"] = _cpu_util(cpu0, _cpu_seconds(server), time.perf_counter() - wall0)
     point["mean_in_flight"] = point.pop("concurrency")  # not the point's max concurrency
     for key in KEEP_MS:
         for stat in ("mean", "median", "p99"):
             point[f"{stat}_{key}_ms"] = res.get(f"{stat}_{key}_ms")
     point["failed"] = len(rows) - (res.get("completed") or 0)
     return point
+
+
+def _cpu_seconds(server: Server) -> dict[str, float]:
+    """CPU seconds so far of this benchmark process (`client`) and of the server's processes
+    by role (bench_server.cpu_seconds_by_role: `http`, `scheduler`, `other`)."""
+    return {"client": time.process_time(), **cpu_seconds_by_role(server.proc.pid)}
+
+
+def _cpu_util(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """Per role, CPU seconds over the point's wall seconds (1.0 = one core busy throughout): a
+    role near 1.0 is what a single-threaded process can give, so the point measures it."""
+    return {k: round((after[k] - before[k]) / max(wall_s, 1e-9), 3) for k in before}
 
 
 def server_state(server: Server) -> dict[str, Any]:

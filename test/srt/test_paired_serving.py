@@ -57,10 +57,25 @@ def test_summary_pairs_rounds_and_skips_failed_points():
     assert rows[(16, "adaptive")]["rounds"] == 1
     assert "ratio_to_base_median" not in rows[(16, "adaptive")]
     assert rows[(16, "no_spec")]["rounds"] == 0
+    assert "cpu_client_median" not in base  # the points carry no cpu_util
+
+
+def test_summary_takes_the_median_cores_busy_per_role():
+    def util(x: float) -> dict:
+        return {"client": x, "http": 2 * x, "scheduler": 0.9, "other": 0.0}
+
+    pts = [
+        {**_point(8, r, "no_spec", 100.0), "cpu_util": util(x)}
+        for r, x in enumerate((0.2, 0.4, 0.3))
+    ]
+    (row,) = summarize(pts, ["no_spec"])
+    assert (row["cpu_client_median"], row["cpu_http_median"]) == (0.3, 0.6)
+    assert row["cpu_scheduler_median"] == 0.9
 
 
 def test_markdown_lists_every_row_with_the_command():
-    pts = [_point(1, 0, "no_spec", 100.0), _point(1, 0, "adaptive", 97.0)]
+    util = {"client": 0.91, "http": 0.5, "scheduler": 0.97, "other": 0.0}
+    pts = [_point(1, 0, "no_spec", 100.0), {**_point(1, 0, "adaptive", 97.0), "cpu_util": util}]
     result = {
         "meta": {"command": "python benchmark/paired_serving.py --preset smollm2"},
         "settings": {"preset": "smollm2", "configs": ["no_spec", "adaptive"], "rounds": 1},
@@ -69,8 +84,11 @@ def test_markdown_lists_every_row_with_the_command():
     }
     md = markdown(result)
     assert "python benchmark/paired_serving.py --preset smollm2" in md
-    assert "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 |" in md
-    assert "| 4 | adaptive | 0 | - | - | - | - |" in md
+    assert "| 1 | no_spec | 1 | 100 (100-100) | - | 10.0 | 2.00 | - |" in md  # no cpu_util
+    row = "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 "
+    row += "| 0.91 / 0.50 / 0.97 |"
+    assert row in md
+    assert "| 4 | adaptive | 0 | - | - | - | - | - |" in md
 
 
 def test_markdown_says_what_was_not_measured():
@@ -293,3 +311,52 @@ def test_run_meta_records_cpu_siblings():
     assert run_meta([])["cpu_siblings"] == groups
     cpus = parse_cpu_list_groups(groups)
     assert len(cpus) == len(set(cpus)) and set(os.sched_getaffinity(0)) <= set(cpus)
+
+
+_NAMED_TREE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", '''
+import sys, time
+sys.path.insert(0, "python")
+from sglang.srt.utils.process import SCHEDULER_PROCESS_NAME, set_process_name
+set_process_name(SCHEDULER_PROCESS_NAME)
+print("named", flush=True)
+end = time.process_time() + 0.6
+while time.process_time() < end:
+    pass
+time.sleep(60)
+'''], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "named"
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_cpu_seconds_by_role_tells_the_scheduler_from_the_http_process():
+    """A point's cpu_util splits the server's CPU time by role: the root process (HTTP and
+    tokenizer manager) and the process run_scheduler_process names "sglang::sched". Here the
+    child named so burns 0.6 s of CPU and the root none."""
+    from bench_server import cpu_seconds_by_role, process_name
+
+    repo = os.path.join(os.path.dirname(__file__), "..", "..")
+    child = None
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _NAMED_TREE], stdout=subprocess.PIPE, text=True, cwd=repo
+    )
+    try:
+        child = int(proc.stdout.readline())
+        assert process_name(child) == "sglang::sched"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            roles = cpu_seconds_by_role(proc.pid)
+            if roles["scheduler"] >= 0.6:
+                break
+            time.sleep(0.1)
+        assert 0.6 <= roles["scheduler"] < 5.0
+        assert roles["http"] < 0.5  # started a child, then slept
+        assert roles["other"] == 0.0
+    finally:
+        proc.kill()
+        proc.wait()
+        if child:
+            os.kill(child, signal.SIGKILL)

@@ -338,12 +338,15 @@ class Scheduler:
 def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, port_args, pipe):
     """Entry point of the scheduler subprocess; reports readiness (or the startup error)."""
     from sglang.srt.utils.process import (
+        SCHEDULER_PROCESS_NAME,
         apply_gil_switch_interval,
         freeze_gc,
         set_parent_death_signal,
+        set_process_name,
     )
 
     set_parent_death_signal()
+    set_process_name(SCHEDULER_PROCESS_NAME)
     # SIGTERM (Engine.shutdown, the server's exit) ends the process through SystemExit, so
     # multiprocessing finalizers run (tqdm's lock semaphore is unlinked instead of reported
     # as leaked by the parent's resource tracker).
