@@ -23,7 +23,10 @@ ignore_eos, fixed output length).
 Reported per concurrency and configuration (`summary`): the median, min and max over rounds of
 output tok/s, median TTFT and median ITL; the median cores kept busy by the client, the
 server's HTTP process and its scheduler process (each point's `cpu_util`, from /proc: a
-single-threaded role near 1.0 caps the point); and the paired ratio to the first configuration
+single-threaded role near 1.0 caps the point); the median microseconds per forward step of
+each scheduler host phase (each point's `host_us_per_step`, from the server's host_s_<phase>
+counters; the table shows their sum without `resolve`, and `resolve`, the wait for the
+device); and the paired ratio to the first configuration
 (output tok/s of the same round), its median, min and max over rounds. Raw points under
 `points`. A markdown table is written next to the JSON, followed by what was not measured.
 With --cpu-sets (one CPU list per configuration) each server's processes run on their own
@@ -95,6 +98,9 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
                 row["output_tok_s_min"], row["output_tok_s_max"] = min(tput), max(tput)
                 for key in ("median_ttft_ms", "median_itl_ms"):
                     row[key] = statistics.median(p[key] for p in runs.values())
+                host = [p["host_us_per_step"] for p in runs.values() if p.get("host_us_per_step")]
+                for phase in host[0] if host else ():  # scheduler thread, median over rounds
+                    row[f"host_us_{phase}_median"] = statistics.median(h[phase] for h in host)
                 utils = [p["cpu_util"] for p in runs.values() if p.get("cpu_util")]
                 for role in CPU_ROLES:  # cores busy, median over rounds (sweep_serving)
                     if utils:
@@ -152,13 +158,18 @@ def markdown(result: dict) -> str:
         "    " + result["meta"]["command"],
         "",
         "| c | config | rounds | output tok/s (median, min-max) | ratio (median, min-max) "
-        "| TTFT ms | ITL ms | cores busy: client / http / scheduler |",
-        "|---|---|---|---|---|---|---|---|",
+        "| TTFT ms | ITL ms | cores busy: client / http / scheduler "
+        "| scheduler host us per step: busy / resolve |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["summary"]:
         if not r["rounds"]:
-            lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - | - |")
+            lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - | - | - |")
             continue
+        host = "-"
+        if "host_us_resolve_median" in r:
+            busy = sum(v for k, v in r.items() if k.startswith("host_us_") and "resolve" not in k)
+            host = f"{busy:.0f} / {r['host_us_resolve_median']:.0f}"
         cpu = "-"
         if f"cpu_{CPU_ROLES[0]}_median" in r:
             cpu = " / ".join(f"{r[f'cpu_{role}_median']:.2f}" for role in CPU_ROLES)
@@ -174,7 +185,7 @@ def markdown(result: dict) -> str:
             )
         lines.append(
             f"| {r['concurrency']} | {r['config']} | {r['rounds']} | {tput} | {ratio} "
-            f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} | {cpu} |"
+            f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} | {cpu} | {host} |"
         )
     missing = failures(result)
     if missing:

@@ -147,6 +147,17 @@ def _cpu_util(before: dict[str, float], after: dict[str, float], wall_s: float) 
     return {k: round((after[k] - before[k]) / max(wall_s, 1e-9), 3) for k in before}
 
 
+def host_us_per_step(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Microseconds per forward step the scheduler thread spent in each host phase
+    (managers/host_phases.py: its cumulative host_s_<phase> keys) between two server states;
+    {} when either lacks them or no step ran."""
+    steps = after.get("forward_steps", 0) - before.get("forward_steps", 0)
+    keys = [k for k in after if k.startswith("host_s_") and isinstance(before.get(k), float)]
+    if steps <= 0 or not keys:
+        return {}
+    return {k[7:]: round(1e6 * (after[k] - before[k]) / steps, 1) for k in keys}
+
+
 def server_state(server: Server) -> dict[str, Any]:
     """Scalar entries of the scheduler's internal state (best effort)."""
     try:
@@ -271,6 +282,7 @@ class Sweep:
         """Run one point into `point`; returns why the configuration must stop, or None."""
         c, n = point["concurrency"], point["num_prompts"]
         point["flushed"] = server.flush_cache()
+        before = server_state(server)
         t0 = time.monotonic()
         stop = None
         try:
@@ -286,6 +298,7 @@ class Sweep:
         point["wall_s"] = time.monotonic() - t0
         if not stop:
             point["server_state"] = server_state(server)
+            point["host_us_per_step"] = host_us_per_step(before, point["server_state"])
         tput = point.get("output_throughput")
         print(
             f"[{self.args.preset}/{name} c={c}] {point['status']} output_tok_s={tput}",

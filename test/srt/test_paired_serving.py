@@ -75,7 +75,10 @@ def test_summary_takes_the_median_cores_busy_per_role():
 
 def test_markdown_lists_every_row_with_the_command():
     util = {"client": 0.91, "http": 0.5, "scheduler": 0.97, "other": 0.0}
-    pts = [_point(1, 0, "no_spec", 100.0), {**_point(1, 0, "adaptive", 97.0), "cpu_util": util}]
+    host = {"recv": 5.0, "plan": 100.0, "build": 50.0, "launch": 300.0, "resolve": 700.0}
+    host |= {"commit": 80.0, "flush": 60.0}
+    adaptive = {**_point(1, 0, "adaptive", 97.0), "cpu_util": util, "host_us_per_step": host}
+    pts = [_point(1, 0, "no_spec", 100.0), adaptive]
     result = {
         "meta": {"command": "python benchmark/paired_serving.py --preset smollm2"},
         "settings": {"preset": "smollm2", "configs": ["no_spec", "adaptive"], "rounds": 1},
@@ -84,11 +87,11 @@ def test_markdown_lists_every_row_with_the_command():
     }
     md = markdown(result)
     assert "python benchmark/paired_serving.py --preset smollm2" in md
-    assert "| 1 | no_spec | 1 | 100 (100-100) | - | 10.0 | 2.00 | - |" in md  # no cpu_util
+    assert "| 1 | no_spec | 1 | 100 (100-100) | - | 10.0 | 2.00 | - | - |" in md  # neither
     row = "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 "
-    row += "| 0.91 / 0.50 / 0.97 |"
+    row += "| 0.91 / 0.50 / 0.97 | 595 / 700 |"  # busy: every phase but resolve
     assert row in md
-    assert "| 4 | adaptive | 0 | - | - | - | - | - |" in md
+    assert "| 4 | adaptive | 0 | - | - | - | - | - | - |" in md
 
 
 def test_markdown_says_what_was_not_measured():
@@ -360,3 +363,13 @@ def test_cpu_seconds_by_role_tells_the_scheduler_from_the_http_process():
         proc.wait()
         if child:
             os.kill(child, signal.SIGKILL)
+
+
+def test_host_us_per_step_from_two_server_states():
+    from sweep_serving import host_us_per_step
+
+    before = {"forward_steps": 100, "host_s_plan": 1.0, "host_s_flush": 0.5, "x": 3}
+    after = {"forward_steps": 300, "host_s_plan": 1.02, "host_s_flush": 0.53, "x": 9}
+    assert host_us_per_step(before, after) == {"plan": 100.0, "flush": 150.0}
+    assert host_us_per_step(before, before) == {}  # no step ran
+    assert host_us_per_step({"forward_steps": 0}, after) == {}  # an older server: no keys

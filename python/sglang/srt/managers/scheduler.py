@@ -38,6 +38,7 @@ import zmq
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.batch_builder import BatchBuilder
+from sglang.srt.managers.host_phases import HostPhases
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReq,
@@ -117,6 +118,7 @@ class Scheduler:
         self.spec = None if self.spec_algorithm.is_none() else SpecScheduler(self)
         self.builder = BatchBuilder(self)
         self.outputs = OutputProcessor(self)
+        self.phases = HostPhases()  # scheduler-thread seconds per loop phase (host_s_* keys)
         self.stats: dict[str, Any] = {
             "num_retractions": 0,
             "prompt_tokens": 0,
@@ -145,8 +147,7 @@ class Scheduler:
         poller = zmq.Poller()
         poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         while True:
-            if poller.poll(timeout=1000 if self.is_idle() else 0):
-                self.recv_requests()
+            self.poll_requests(poller)
             self.step()
 
     def event_loop_overlap(self) -> None:
@@ -155,9 +156,20 @@ class Scheduler:
         poller = zmq.Poller()
         poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         while True:
-            if poller.poll(timeout=1000 if self.is_idle() else 0):
-                self.recv_requests()
+            self.poll_requests(poller)
             self.step_overlap()
+
+    def poll_requests(self, poller: zmq.Poller) -> None:
+        """Receive what arrived (waiting up to 1 s when idle). Busy time counts as the `recv`
+        host phase; an idle wait does not."""
+        if self.is_idle():
+            if poller.poll(timeout=1000):
+                self.recv_requests()
+            return
+        t = self.phases.mark()
+        if poller.poll(timeout=0):
+            self.recv_requests()
+        self.phases.add("recv", t)
 
     def recv_requests(self) -> None:
         while True:
@@ -194,21 +206,30 @@ class Scheduler:
         launched by this call, or None."""
         if self.enable_overlap:
             return self.step_overlap()
+        ph = self.phases
+        t = ph.mark()
         self.outputs.drop_aborted()
         batch = self.builder.get_next_batch_to_run()
+        t = ph.add("plan", t)
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
             self.outputs.on_launch(batch)
             batch.step_index = self.stats["forward_steps"]
+            t = ph.add("build", t)
             result = self.tp_worker.forward_batch_generation(mwb)
             self.stats["forward_steps"] += 1
+            t = ph.add("launch", t)
             self.outputs.process_batch_result(batch, result)
+            t = ph.add("commit", t)
         self.outputs.flush()
+        ph.add("flush", t)
         return batch
 
     def step_overlap(self) -> ScheduleBatch | None:
         """Build and launch step N+1 (draining step N first when they cannot pipeline), then
         resolve and commit step N. Returns the batch launched by this call, or None."""
+        ph = self.phases
+        t = ph.mark()
         self.outputs.drop_aborted()
         if (
             self.inflight is not None
@@ -216,19 +237,24 @@ class Scheduler:
         ):
             self.drain()  # a drafting step's KV advance is known only once it is verified
         batch = self.builder.get_next_batch_to_run()  # may drain (BatchBuilder.get_decode_batch)
+        t = ph.add("plan", t)
         prev, self.inflight = self.inflight, None
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
             self.outputs.on_launch(batch)
             batch.step_index = self.stats["forward_steps"]
+            t = ph.add("build", t)
             self.inflight = InflightStep(
                 batch, self.worker_client.forward_batch_generation_async(mwb)
             )
             self.stats["forward_steps"] += 1
             self.stats["overlap_pipelined_steps"] += prev is not None
+            t = ph.add("launch", t)
         if prev is not None:
             self.commit(prev)
+            t = ph.mark()
         self.outputs.flush()
+        ph.add("flush", t)
         return batch
 
     def drain(self) -> None:
@@ -242,11 +268,18 @@ class Scheduler:
         if step is not None:
             self.stats["overlap_drains"] += 1
             self.commit(step)
+            t = self.phases.mark()
             self.outputs.flush()
+            self.phases.add_nested("flush", t)
 
     def commit(self, step: InflightStep) -> None:
+        """Resolve and commit an in-flight step (host phases `resolve` and `commit`, also when
+        a drain runs it inside the `plan` phase)."""
+        t = self.phases.mark()
         result = self.worker_client.resolve(step.handle)
+        t = self.phases.add_nested("resolve", t)
         self.outputs.process_batch_result(step.batch, result)
+        self.phases.add_nested("commit", t)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
@@ -317,6 +350,7 @@ class Scheduler:
             "new_token_ratio": self.new_token_ratio,
             **self.runtime_config(),
             **self.stats,
+            **self.phases.info(),
             **(self.spec.server_info() if self.spec is not None else {}),
         }
 

@@ -1,0 +1,76 @@
+"""The scheduler's host-phase seconds (managers/host_phases.py): each phase counted once, a
+nested phase taken out of the enclosing one, and the server-info keys of a real scheduler."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sglang.srt.managers import host_phases
+from sglang.srt.managers.host_phases import HOST_PHASES, HostPhases
+from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_phases_chain_and_nested_time_leaves_the_enclosing_phase(monkeypatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(host_phases.time, "perf_counter", clock)
+    ph = HostPhases()
+    t = ph.mark()
+    clock.now += 0.5  # plan work
+    inner = ph.mark()  # a drain inside plan: resolve 2.0 s, commit 0.25 s, flush 0.125 s
+    clock.now += 2.0
+    inner = ph.add_nested("resolve", inner)
+    clock.now += 0.25
+    ph.add_nested("commit", inner)
+    inner = ph.mark()
+    clock.now += 0.125
+    ph.add_nested("flush", inner)
+    clock.now += 0.5  # more plan work
+    t = ph.add("plan", t)
+    clock.now += 1.0
+    t = ph.add("build", t)
+    clock.now += 0.25
+    ph.add("flush", t)
+    assert ph.seconds == {
+        "recv": 0.0,
+        "plan": 1.0,
+        "build": 1.0,
+        "launch": 0.0,
+        "resolve": 2.0,
+        "commit": 0.25,
+        "flush": 0.375,
+    }
+    assert sum(ph.seconds.values()) == clock.now - 100.0  # every second counted once
+    assert set(ph.info()) == {f"host_s_{k}" for k in HOST_PHASES}
+    with pytest.raises(KeyError):
+        ph.add("sleep", ph.mark())
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_scheduler_reports_its_phases(tiny_model_dir, overlap) -> None:
+    """Through a real (CPU) scheduler: every phase a step runs is positive, `resolve` only
+    with overlap, and the phases sum to no more than the wall time of the steps."""
+    s = make_scheduler(
+        tiny_model_dir, device="cpu", dtype="float32", disable_overlap_schedule=not overlap
+    )
+    assert s.enable_overlap == overlap
+    for i in range(3):
+        submit(s, f"r{i}", list(range(10 + i, 30)), {"max_new_tokens": 12, "temperature": 0})
+    t0 = time.perf_counter()
+    run_until_idle(s, {})
+    wall = time.perf_counter() - t0
+    info = s.internal_state()
+    secs = {k: info[f"host_s_{k}"] for k in HOST_PHASES}
+    assert all(secs[k] > 0 for k in ("plan", "build", "launch", "commit", "flush"))
+    assert (secs["resolve"] > 0) == overlap
+    assert secs["recv"] == 0.0  # submitted directly, not through the socket loop
+    assert sum(secs.values()) <= wall
