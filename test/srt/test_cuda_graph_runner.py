@@ -18,6 +18,7 @@ from sglang.srt.model_executor.cuda_graph_runner import (
     CudaGraphRunner,
     GraphKey,
     graph_batch_sizes,
+    prefill_token_buckets,
 )
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
@@ -36,8 +37,11 @@ def test_graph_batch_sizes_and_pick():
     assert graph_batch_sizes([4, 300], 8, 1024) == [4]
 
     class _Stub(CudaGraphRunner):
-        def __init__(self, sizes, ext):  # bucket logic only
+        def __init__(self, sizes, ext, prefill=()):  # bucket logic only
             self.batch_sizes, self.max_extend_len = sizes, ext
+            self.token_buckets = {b: [b * (1 + k) for k in range(ext)] for b in sizes}
+            self.token_buckets[sizes[0]] += list(prefill)
+            self.max_bs, self.prefill_buckets = sizes[-1], list(prefill)
 
     r = _Stub([1, 2, 4, 8], 4)
     assert r.pick(3, 3) == GraphKey(4, 4)  # decode: 3 real + 1 pad
@@ -54,6 +58,18 @@ def test_graph_batch_sizes_and_pick():
     assert r.longest_request(GraphKey(2, 4)) == 3
     wide = _Stub([1, 2], 40)  # K = 39: lens (40, 1) replay bucket (2, 42), 21 per request
     assert wide.pick(2, 41) == GraphKey(2, 42) and wide.longest_request(GraphKey(2, 42)) == 40
+    # prefill buckets (bs 1 only): a single request of up to 32 tokens
+    assert prefill_token_buckets(0, 4) == []
+    assert prefill_token_buckets(100, 4) == [16, 32, 64, 128]
+    assert prefill_token_buckets(16, 6) == [16]
+    assert prefill_token_buckets(20, 20) == [32]
+    assert prefill_token_buckets(10, 20) == []  # the verify buckets already hold 10 tokens
+    p = _Stub([1, 2, 4], 4, prefill=prefill_token_buckets(32, 4))
+    assert p.pick(1, 4) == GraphKey(1, 4)  # verify bucket first
+    assert p.pick(1, 5) == GraphKey(1, 16) and p.longest_request(GraphKey(1, 16)) == 16
+    assert p.pick(1, 32) == GraphKey(1, 32) and p.pick(1, 33) is None
+    assert p.fits([30]) and not p.fits([33])
+    assert p.fits([3, 3]) and not p.fits([5, 1])  # two requests: never a prefill bucket
 
 
 class Requests:
@@ -180,6 +196,96 @@ def test_padded_static_batch_equals_eager_cpu(tiny_model_dir, mode):
     )  # fmt: skip
     assert not graphs.can_run(batch, mode)  # a prefill row that is not a logits row
     assert not graphs.can_run(batch, CaptureHiddenMode.FULL)
+
+
+def check_prefill_equals_eager(runner, graphs: CudaGraphRunner, mode: CaptureHiddenMode, atol):
+    """Single-request prefills through the prefill buckets equal eager prefills: a prompt of 10
+    tokens (bucket 16, padded), one of exactly 16, and a 12-token chunk after 5 cached tokens
+    (a prefix), with the last row's logits (or none, for a chunk that does not sample), the KV
+    written and, when captured, the hidden states (FULL: every row)."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (10, 16, 17)]
+    reqs = Requests(runner, prompts)
+    cases = [([0], [prompts[0]], 1), ([1], [prompts[1]], 1)]
+    cases += [([2], [prompts[2][:5]], 0), ([2], [prompts[2][5:]], 1)]
+    for idx, new, rows in cases:
+        mwb = replace(reqs.batch(idx, new, ForwardMode.EXTEND), num_logit_rows=[rows])
+        want_modes = [mode] + ([CaptureHiddenMode.FULL] if mode == CaptureHiddenMode.LAST else [])
+        for m in want_modes:
+            t = len(new[0])
+            assert graphs.can_run(mwb, m) == (t > graphs.max_extend_len or rows == t)
+            if not graphs.can_run(mwb, m):
+                continue
+            eager = runner.forward_worker_batch(mwb, capture_hidden_mode=m)
+            k_eager = runner.token_to_kv_pool.k_buffer[0][mwb.out_cache_loc].clone()
+            padded = graphs.replay(mwb, m)
+            k_pad = runner.token_to_kv_pool.k_buffer[0][mwb.out_cache_loc]
+            torch.testing.assert_close(k_pad, k_eager, atol=atol, rtol=0)
+            assert padded.next_token_logits.shape == (rows, eager.next_token_logits.shape[1])
+            torch.testing.assert_close(
+                padded.next_token_logits, eager.next_token_logits, atol=atol, rtol=0
+            )
+            if m == CaptureHiddenMode.NULL:
+                assert padded.hidden_states is None
+            else:
+                assert padded.hidden_states.shape[0] == (t if m == CaptureHiddenMode.FULL else rows)
+                torch.testing.assert_close(
+                    padded.hidden_states, eager.hidden_states, atol=atol, rtol=0
+                )
+    two = reqs.batch([0, 1], [[7], [8, 9]], ForwardMode.EXTEND)
+    assert not graphs.can_run(replace(two, num_logit_rows=[1, 1]), mode)  # one request only
+    long = reqs.batch([0], [list(range(40))], ForwardMode.EXTEND)
+    assert not graphs.can_run(replace(long, num_logit_rows=[1]), mode)  # beyond 32 tokens
+    logprobs = replace(mwb, return_logprob=True, input_logprob_targets=[[1]])
+    assert not graphs.can_run(logprobs, mode)  # input logprobs need every row's logprobs
+
+
+@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
+def test_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
+    sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)
+    runner = sched.tp_worker.model_runner
+    graphs = CudaGraphRunner(
+        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], use_graphs=False,
+        prefill_max_tokens=32,
+    )  # fmt: skip
+    assert graphs.prefill_buckets == [16, 32]
+    assert GraphKey(1, 32) in graphs.batches and graphs.max_tokens == 32
+    check_prefill_equals_eager(runner, graphs, mode, atol=1e-4)
+    # the decode / verify buckets still replay as before
+    check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
+def test_cuda_graph_prefill_equals_eager(tiny_model_dir, mode):
+    sched = make_scheduler(
+        tiny_model_dir, device="cuda", dtype="float32", attention_backend="triton",
+        max_total_tokens=4096, disable_cuda_graph=True,
+    )  # fmt: skip
+    runner = sched.tp_worker.model_runner
+    if mode == CaptureHiddenMode.LAST:
+        runner.model.set_eagle3_layers_to_capture()
+    graphs = CudaGraphRunner(
+        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], prefill_max_tokens=32
+    )
+    assert len(graphs.graphs) == 16 + 2
+    check_prefill_equals_eager(runner, graphs, mode, atol=2e-4)
+    check_padded_equals_eager(runner, graphs, mode, atol=2e-4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_engine_prefill_graphs_equal_eager(tiny_model_dir):
+    """--cuda-graph-prefill-max-tokens 32 end to end (triton): the same greedy outputs as
+    --disable-cuda-graph, prompts of 5-40 tokens arriving one per step."""
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23, 32, 40)]
+    lens = [6, 9, 4, 7, 5, 8]
+    kw = dict(device="cuda", attention_backend="triton", cuda_graph_bs=[1, 2, 4, 8])
+    eager = greedy(tiny_model_dir, prompts, lens, disable_cuda_graph=True, **kw)
+    graphs = greedy(tiny_model_dir, prompts, lens, cuda_graph_prefill_max_tokens=32, **kw)
+    assert graphs == eager
 
 
 @pytest.mark.gpu
@@ -438,7 +544,57 @@ def test_fast_path_flag_validation(tiny_model_dir):
     for kw, flag in [
         ({"cuda_graph_max_bs": 0}, "--cuda-graph-max-bs"),
         ({"cuda_graph_bs": [0, 4]}, "--cuda-graph-bs"),
+        ({"cuda_graph_prefill_max_tokens": -1}, "--cuda-graph-prefill-max-tokens"),
+        ({"cuda_graph_prefill_max_tokens": 4097}, "--cuda-graph-prefill-max-tokens"),
         ({"attention_backend": "flashinfer", "device": "cpu"}, "torch_native"),
     ]:
         with pytest.raises(ValueError, match=flag):
             resolve_server_args(ServerArgs(model_path=tiny_model_dir, **kw))
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_engine_with_prefill_buckets_equals_eager_cpu(tiny_model_dir, draft_dir, spec):
+    """Greedy outputs of a scheduler whose target runner replays prefills through the prefill
+    buckets (padded static batch, run eagerly on CPU) equal a scheduler's without graphs:
+    plain, and EAGLE-3 (K = 3), whose prefill takes every row's hidden states (FULL) for the
+    draft extend. Prompts of 5-40 tokens: those up to 32 replay bucket 16 or 32, longer ones
+    and multi-request prefills run eagerly."""
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23, 32, 40)]
+    lens = [6, 9, 4, 7, 5, 8]
+    kw = dict(device="cpu", dtype="float32", max_total_tokens=4096)
+    if spec:
+        kw |= dict(
+            speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
+            speculative_num_steps=3,
+        )  # fmt: skip
+
+    def run(with_graphs: bool) -> tuple[dict[str, list[int]], int]:
+        sched = make_scheduler(tiny_model_dir, **kw)
+        runner, used = sched.tp_worker.model_runner, [0]
+        if with_graphs:
+            mode = CaptureHiddenMode.LAST if spec else CaptureHiddenMode.NULL
+            graphs = CudaGraphRunner(
+                runner, mode, 4 if spec else 1, [1, 2, 4, 8], use_graphs=False,
+                prefill_max_tokens=32,
+            )  # fmt: skip
+            real = graphs.replay
+
+            def replay(mwb, *a):
+                used[0] += mwb.forward_mode == ForwardMode.EXTEND
+                return real(mwb, *a)
+
+            graphs.replay = replay
+            runner.cuda_graph_runner = graphs
+        out: dict[str, dict] = {}
+        for i, (p, n) in enumerate(zip(prompts, lens, strict=True)):
+            submit(sched, f"r{i}", p, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+            sched.step()  # one request per prefill: each can take a prefill bucket
+        run_until_idle(sched, out)
+        return {rid: o["output_ids"] for rid, o in out.items()}, used[0]
+
+    eager, _ = run(False)
+    replayed, prefills = run(True)
+    assert replayed == eager
+    assert {r: len(v) for r, v in eager.items()} == {f"r{i}": n for i, n in enumerate(lens)}
+    assert prefills == 5  # every prompt but the 40-token one

@@ -96,6 +96,13 @@ class ServerArgs:
         "bs; with speculation each bucket also has token buckets bs * (1 + k), k = 0..K.",
         nargs="+",
     )
+    cuda_graph_prefill_max_tokens: int = _arg(
+        0,
+        "This fork: also capture CUDA graphs for a single request's prefill of up to this many "
+        "tokens (buckets 16, 32, 64, ... up to it; a prompt's uncached part), replayed instead "
+        "of the eager prefill, whose launches bound a small model's time to first token. 0 "
+        "(default): off. Upstream's nearest is --enable-piecewise-cuda-graph.",
+    )
     disable_overlap_schedule: bool | None = _arg(
         None,
         "Do not overlap CPU scheduling with GPU steps (the scheduler builds step N+1 while step "

@@ -12,6 +12,10 @@ from sglang.srt.layers.attention import check_backend_device
 from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.server_args import ServerArgs
 
+# Largest --cuda-graph-prefill-max-tokens: each bucket's graph keeps [T, vocab] float32 logits
+# (T = 4096 with a 128k vocabulary: 2 GiB), so longer prefills stay eager.
+MAX_PREFILL_GRAPH_TOKENS = 4096
+
 
 def resolve_device(device: str) -> str:
     if device == "auto":
@@ -55,6 +59,11 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         raise ValueError(f"--cuda-graph-bs needs positive batch sizes, got {a.cuda_graph_bs}")
     if a.cuda_graph_max_bs is not None and a.cuda_graph_max_bs < 1:
         raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {a.cuda_graph_max_bs}")
+    if not 0 <= a.cuda_graph_prefill_max_tokens <= MAX_PREFILL_GRAPH_TOKENS:
+        raise ValueError(
+            f"--cuda-graph-prefill-max-tokens must be in 0..{MAX_PREFILL_GRAPH_TOKENS}, "
+            f"got {a.cuda_graph_prefill_max_tokens}"
+        )
     if a.attention_backend is not None:
         check_backend_device(a.attention_backend, a.device)
     return a

@@ -1,13 +1,17 @@
 """CUDA graphs for steps in which every computed token is a logits row: decode (one token per
-request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free per request).
+request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free per request);
+and, with --cuda-graph-prefill-max-tokens P, single-request prefills of up to P tokens (the
+graph computes every row's logits; the caller's rows are taken from them).
 
 A graph is captured per (bs bucket, token bucket): bs bucket b from --cuda-graph-bs, token
-buckets b * (1 + k) for k = 0..max_extend_len - 1. A step of bs requests and T tokens replays the
-smallest b >= bs whose token bucket holds T + (b - bs) tokens. Padding (upstream's convention):
-pad requests compute one token each, at position 0 of request-pool row 0 with seq length 1, and
-write their K/V to the KV pool's padding slot 0; token rows beyond the last request are
-unassigned (attention skips them). Every op of the model is row-wise except attention, which
-reads only a request's own keys, so padding never changes the real rows' outputs.
+buckets b * (1 + k) for k = 0..max_extend_len - 1, plus, for b = 1, the prefill buckets
+(prefill_token_buckets: powers of two from 16 up to P). A step of bs requests and T tokens
+replays the smallest b >= bs whose token bucket holds T + (b - bs) tokens. Padding
+(upstream's convention): pad requests compute one token each, at position 0 of request-pool
+row 0 with seq length 1, and write their K/V to the KV pool's padding slot 0; token rows
+beyond the last request are unassigned (attention skips them). Every op of the model is
+row-wise except attention, which reads only a request's own keys, so padding never changes the
+real rows' outputs.
 
 The runner owns all static inputs: one packed int64 device buffer refreshed with a single
 host-to-device copy per replay. Outputs are copied out of the graph's static buffers, so
@@ -37,6 +41,22 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
+SMALLEST_PREFILL_BUCKET = 16
+
+
+def prefill_token_buckets(max_tokens: int, above: int) -> list[int]:
+    """Token buckets of the single-request prefill graphs: powers of two from
+    SMALLEST_PREFILL_BUCKET up to the first one >= max_tokens (0: none), keeping those above
+    `above` (the decode / verify buckets of bs 1 already cover 1..above tokens)."""
+    if max_tokens <= 0:
+        return []
+    out, t = [], SMALLEST_PREFILL_BUCKET
+    while True:
+        if t > above:
+            out.append(t)
+        if t >= max_tokens:
+            return out
+        t *= 2
 
 
 def graph_batch_sizes(
@@ -121,7 +141,8 @@ class CudaGraphRunner:
     supports_cuda_graph), capture_hidden_mode (NULL for plain serving; LAST when speculating:
     the hidden states of every logits row come back), max_extend_len (1 without speculation,
     K + 1 with it), batch_sizes (bs buckets), use_graphs (False: run the padded static batch
-    eagerly — the same padding path on CPU, used by the tests).
+    eagerly — the same padding path on CPU, used by the tests), prefill_max_tokens (P > 0:
+    also graphs for one request computing up to P tokens, when batch_sizes starts at 1).
     """
 
     def __init__(
@@ -131,6 +152,7 @@ class CudaGraphRunner:
         max_extend_len: int,
         batch_sizes: list[int],
         use_graphs: bool = True,
+        prefill_max_tokens: int = 0,
     ) -> None:
         self.runner = model_runner
         self.model = model_runner.model
@@ -141,8 +163,14 @@ class CudaGraphRunner:
         self.batch_sizes = batch_sizes
         self.use_graphs = use_graphs
         self.max_bs = batch_sizes[-1]
-        self.max_tokens = self.max_bs * max_extend_len
-        self.keys = [GraphKey(b, b * (1 + k)) for b in batch_sizes for k in range(max_extend_len)]
+        # token buckets per bs bucket, ascending: decode / verify, then bs 1's prefill buckets
+        self.token_buckets = {b: [b * (1 + k) for k in range(max_extend_len)] for b in batch_sizes}
+        self.prefill_buckets = (
+            prefill_token_buckets(prefill_max_tokens, max_extend_len) if batch_sizes[0] == 1 else []
+        )
+        self.token_buckets[batch_sizes[0]] += self.prefill_buckets
+        self.max_tokens = max(self.max_bs * max_extend_len, *self.prefill_buckets, 0)
+        self.keys = [GraphKey(b, n) for b, ns in self.token_buckets.items() for n in ns]
         self.inputs = _StaticInputs(self.max_bs, self.max_tokens, self.device)
         self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
         self._arange = np.arange(self.max_tokens, dtype=np.int64)  # host request starts
@@ -156,30 +184,44 @@ class CudaGraphRunner:
 
     # ------------------------------------------------------------------ selection
     def can_run(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode) -> bool:
-        """True when mwb is a decode/verify step that fits a captured graph: every computed
-        token is a logits row, no request computes more than max_extend_len tokens, and the
-        hidden-state capture mode is the one captured."""
-        if capture_hidden_mode != self.capture_hidden_mode:
-            return False
+        """True when mwb fits a captured graph: a decode/verify step (every computed token is
+        a logits row) with the captured hidden-state mode, or a single-request prefill that
+        a prefill bucket holds (hidden states: the captured mode, or FULL when LAST was
+        captured, since every graph row is a logits row); never with input logprobs."""
         if mwb.return_logprob and any(mwb.input_logprob_targets):
             return False
-        return mwb.num_logit_rows == mwb.extend_seq_lens and self.fits(mwb.extend_seq_lens)
+        if mwb.num_logit_rows == mwb.extend_seq_lens:
+            ok_mode = capture_hidden_mode == self.capture_hidden_mode
+        elif self.prefill_buckets and mwb.batch_size == 1:
+            ok_mode = capture_hidden_mode in self._prefill_modes()
+        else:
+            return False
+        return ok_mode and self.fits(mwb.extend_seq_lens)
+
+    def _prefill_modes(self) -> tuple[CaptureHiddenMode, ...]:
+        if self.capture_hidden_mode == CaptureHiddenMode.LAST:
+            return (CaptureHiddenMode.LAST, CaptureHiddenMode.FULL)
+        return (self.capture_hidden_mode,)
 
     def fits(self, extend_lens: list[int]) -> bool:
         """Whether requests computing these numbers of tokens (each >= 1) fit a captured graph:
-        at least one and at most max_bs requests, none longer than max_extend_len, and a
-        bucket holding them all."""
+        at least one and at most max_bs requests, a bucket holding them all, and none longer
+        than that bucket's longest_request."""
         bs = len(extend_lens)
-        if not 0 < bs <= self.max_bs or max(extend_lens) > self.max_extend_len:
+        if not 0 < bs <= self.max_bs:
             return False
-        return self.pick(bs, sum(extend_lens)) is not None
+        key = self.pick(bs, sum(extend_lens))
+        return key is not None and max(extend_lens) <= self.longest_request(key)
 
     def longest_request(self, key: GraphKey) -> int:
         """Most tokens one request can compute in key's graph: max_extend_len, or fewer when
-        the other key.bs - 1 requests (one token each at least) leave less. This, not the
-        bucket's tokens per request (key.max_extend_len), bounds what the attention backend
-        must cover: a replay of 2 requests with 41 + 1 tokens fits bucket (2, 42), whose
-        average is 21 (the Triton extend kernel sizes its grid of query blocks from it)."""
+        the other key.bs - 1 requests (one token each at least) leave less; a prefill bucket's
+        whole token count. This, not the bucket's tokens per request (key.max_extend_len),
+        bounds what the attention backend must cover: a replay of 2 requests with 41 + 1
+        tokens fits bucket (2, 42), whose average is 21 (the Triton extend kernel sizes its
+        grid of query blocks from it)."""
+        if key.bs == 1 and key.num_tokens > self.max_extend_len:
+            return key.num_tokens  # a prefill bucket
         return min(self.max_extend_len, key.num_tokens - (key.bs - 1))
 
     def pick(self, bs: int, num_tokens: int) -> GraphKey | None:
@@ -188,9 +230,10 @@ class CudaGraphRunner:
         i = bisect.bisect_left(self.batch_sizes, bs)
         for b in self.batch_sizes[i:]:
             need = num_tokens + (b - bs)
-            k = -(-need // b) - 1  # token bucket b * (1 + k) >= need
-            if k < self.max_extend_len:
-                return GraphKey(b, b * (1 + k))
+            buckets = self.token_buckets[b]
+            j = bisect.bisect_left(buckets, need)
+            if j < len(buckets):
+                return GraphKey(b, buckets[j])
         return None
 
     # ------------------------------------------------------------------ static batches
@@ -390,9 +433,14 @@ class CudaGraphRunner:
         self.graphs[key].replay()
         return self.outputs[key]
 
-    def replay(self, mwb: ModelWorkerBatch) -> LogitsProcessorOutput:
-        """Run mwb (can_run must be true) through its graph; returns logits [T, V] float32 and
-        (capture LAST) hidden states [T, H'] of its T tokens.
+    def replay(
+        self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode | None = None
+    ) -> LogitsProcessorOutput:
+        """Run mwb (can_run must be true) through its graph; returns logits [R, V] float32 of
+        its R = sum(num_logit_rows) logits rows (every token of a decode / verify step; a
+        prefill's last num_logit_rows[i] tokens of request i) and, when a mode is captured,
+        hidden states: [T, H'] of all T tokens for capture_hidden_mode FULL, else those of
+        the logits rows (default: the captured mode).
 
         The logits are a view of the graph's output buffer, valid until the next replay of
         the same graph: every caller consumes them within its step, on the current stream
@@ -412,8 +460,13 @@ class CudaGraphRunner:
         )
         out = self._execute(key, fb)
         hidden = out.hidden_states
-        logits = out.next_token_logits
+        logits = out.next_token_logits[:t]  # [T, V]: every graph row is a logits row
+        if mwb.num_logit_rows != mwb.extend_seq_lens:  # a prefill (one request): its last rows
+            rows = slice(t - mwb.num_logit_rows[0], t)
+            logits = logits[rows]
+            if hidden is not None and capture_hidden_mode != CaptureHiddenMode.FULL:
+                hidden = hidden[rows]
         return LogitsProcessorOutput(
-            next_token_logits=logits if logits.shape[0] == t else logits[:t],
+            next_token_logits=logits,
             hidden_states=hidden[:t].clone() if hidden is not None else None,
         )

@@ -129,7 +129,13 @@ class ModelRunner:
             )
             return
         sizes = graph_batch_sizes(sa.cuda_graph_bs, sa.cuda_graph_max_bs, sa.max_running_requests)
-        self.cuda_graph_runner = CudaGraphRunner(self, capture_hidden_mode, max_extend_len, sizes)
+        self.cuda_graph_runner = CudaGraphRunner(
+            self,
+            capture_hidden_mode,
+            max_extend_len,
+            sizes,
+            prefill_max_tokens=sa.cuda_graph_prefill_max_tokens,
+        )
 
     # ------------------------------------------------------------------
     def forward_worker_batch(
@@ -142,7 +148,7 @@ class ModelRunner:
         logits [num_logit_rows, V] float32 (+ hidden states per capture_hidden_mode)."""
         g = self.cuda_graph_runner
         if g is not None and g.can_run(mwb, capture_hidden_mode):
-            return g.replay(mwb)
+            return g.replay(mwb, capture_hidden_mode)
         fb = self.build_forward_batch(mwb)
         if forward_mode is not None:
             fb.forward_mode = forward_mode

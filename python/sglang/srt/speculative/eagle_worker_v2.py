@@ -182,10 +182,9 @@ class EAGLEWorkerV2:
         target output, per request the rows it leaves pending for the draft: all [n_i, 3H]
         of its chunk where the plan defers its draft extend, else the [1, 3H] hidden state of
         its last position when it samples, else None)."""
-        runner = self.model_runner
-        fb = runner.build_forward_batch(mwb)
-        fb.capture_hidden_mode = CaptureHiddenMode.FULL
-        out = runner.forward(fb)
+        # a prefill graph when one holds it (--cuda-graph-prefill-max-tokens), else eager
+        full = CaptureHiddenMode.FULL
+        out = self.model_runner.forward_worker_batch(mwb, capture_hidden_mode=full)
         hidden = out.hidden_states  # [T, 3H]
         starts = token_starts(mwb)
         rows, ids, slots, reqs, prefix, lens = [], [], [], [], [], []
