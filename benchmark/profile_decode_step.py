@@ -100,6 +100,7 @@ def one_mode(a: argparse.Namespace) -> dict:
         device=a.device,
         max_total_tokens=a.max_total_tokens,
         cuda_graph_bs=[a.batch_size, a.batch_size + 1],  # + 1: the TTFT rounds' extra request
+        cuda_graph_prefill_max_tokens=a.cuda_graph_prefill_max_tokens,
         disable_overlap_schedule=a.mode in ("sync", "static_sync", "adaptive_sync"),
         attention_backend=a.attention_backend,
         **spec,
@@ -404,6 +405,13 @@ def main() -> None:
         "--default-cpu-pools",
         action="store_true",
         help="keep OpenMP/OpenBLAS/MKL at one thread per core (a server's scheduler uses one)",
+    )
+    p.add_argument(
+        "--cuda-graph-prefill-max-tokens",
+        type=int,
+        default=0,
+        help="the server flag: bs-1 prefill graphs up to this many tokens (0: off); graphs "
+        "start at bs 1 only when --batch-size is 1",
     )
     p.add_argument("--copy-gib", type=float, default=4.0)
     p.add_argument("--result-file", default=None)

@@ -35,6 +35,9 @@
 #                                    # silu, all (SGLANG_FUSED_GEMV_PROLOGUE) and the RoPE + KV
 #                                    # store fusion off and on (SGLANG_FUSED_ROPE_KV), then
 #                                    # bench_linear_launch.py (host us per F.linear by M)
+#   bash scripts/gpu_diagnose.sh PF  # the bs-1 prefill graphs (--cuda-graph-prefill-max-tokens):
+#                                    # their GPU tests, then SmolLM2 TTFT rounds (a request
+#                                    # joining a batch-1 decode, both modes) with P = 0 and 256
 #   bash scripts/gpu_diagnose.sh P   # where both servers' processes spend a paired run at
 #                                    # c = P_CONC (default 2): SmolLM2, no_spec and adaptive up
 #                                    # at once, py-spy record (--idle, every thread and
@@ -48,7 +51,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|L|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -211,6 +214,17 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     timeout -k 5 "$(box 90)" python3 benchmark/bench_linear_launch.py \
       --result-file "$D/linear_launch_$TAG.json" > "$D/linear_launch.log" 2>&1
     echo "linear launch rc=$?"; tail -4 "$D/linear_launch.log"
+    ;;
+  PF)
+    timeout -k 5 "$(box 150)" python3 -m pytest test/srt/test_cuda_graph_runner.py -k prefill \
+      -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_prefill_$TAG.log" 2>&1
+    echo "prefill graph tests rc=$?"; tail -4 "$D/gpu_validate_prefill_$TAG.log"
+    cp "$D/gpu_validate_prefill_$TAG.log" "$OUT"/
+    for p in 0 256; do  # TTFT of a request joining a batch-1 decode, SmolLM2, both modes
+      profile "decode_step_smollm2_bs1_prefill${p}_$TAG" 120 --batch-size 1 --steps 64 \
+        --ttft-rounds 16 --cuda-graph-prefill-max-tokens "$p"
+      cp "$D"/*.json "$OUT"/ 2>/dev/null
+    done
     ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
