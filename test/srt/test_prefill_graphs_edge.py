@@ -5,6 +5,9 @@ gives: the same tokens (greedy, and sampled with a fixed seed), the same logprob
 tolerance, the same finish reasons and cached-token counts, and, with EAGLE-3, the same draft
 proposals (the draft reads the prefill's FULL hidden states, which greedy outputs alone would
 not check). Each case also checks that the prefill buckets were used.
+
+Plus the capture's dummy batches: a prefill bucket must not run past the model's context
+length (see test_prefill_buckets_stay_within_the_context_length).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from sglang.srt.managers.io_struct import BatchStrOut, TokenizedGenerateReqInput
 from sglang.srt.managers.request_validation import build_sampling_params
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, prefill_token_buckets
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.test.scheduler_utils import abort, make_scheduler
@@ -303,3 +306,31 @@ def test_eagle3_deferred_draft_extend(tiny_model_dir, draft_dir):
     kw |= dict(spec_kw=spec(draft_dir), hook=speculation_off_at_first)
     _, drafts, replayed = compare(tiny_model_dir, schedule, **kw)
     assert drafts and [8] in replayed
+
+
+# ---------------------------------------------------------------- capture
+
+
+def test_prefill_buckets_stay_within_the_context_length(tiny_model_dir):
+    """The capture runs each bucket's dummy batch (one request of the bucket's whole token
+    count, positions 0..T - 1): a bucket longer than the model's context length indexes the
+    RoPE cache and the request's req_to_token row (context length + 8 wide) out of range.
+    No prefill can compute more tokens than the context length, so no bucket is longer.
+    Here: context length 100, P = 128 -> buckets 16, 32, 64 (not 128); every dummy batch
+    runs (what the capture runs, eagerly)."""
+    sched = make_scheduler(
+        tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=1024, context_length=100
+    )
+    runner = sched.tp_worker.model_runner
+    for mode, ext in [(CaptureHiddenMode.NULL, 1), (CaptureHiddenMode.LAST, 4)]:
+        graphs = CudaGraphRunner(
+            runner, mode, ext, [1, 2], use_graphs=False, prefill_max_tokens=128
+        )
+        for key in graphs.keys:
+            fb = graphs._dummy_fill(key)
+            out = graphs._execute(key, fb)
+            assert out.next_token_logits.shape[0] == key.num_tokens
+        assert graphs.prefill_buckets == [16, 32, 64]
+    assert prefill_token_buckets(128, 4, limit=100) == [16, 32, 64]
+    assert prefill_token_buckets(128, 4, limit=128) == [16, 32, 64, 128]
+    assert prefill_token_buckets(20, 4, limit=16) == [16]
