@@ -44,19 +44,23 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 256
 SMALLEST_PREFILL_BUCKET = 16
 
 
-def prefill_token_buckets(max_tokens: int, above: int) -> list[int]:
+def prefill_token_buckets(max_tokens: int, above: int, limit: int | None = None) -> list[int]:
     """Token buckets of the single-request prefill graphs: powers of two from
     SMALLEST_PREFILL_BUCKET up to the first one >= max_tokens (0: none), keeping those above
-    `above` (the decode / verify buckets of bs 1 already cover 1..above tokens)."""
+    `above` (the decode / verify buckets of bs 1 already cover 1..above tokens) and, given a
+    limit (the model's context length), those up to it: no prefill computes more tokens, and
+    the capture's dummy batch of a longer bucket (positions 0..T - 1 of one request) would
+    index the RoPE cache and the request's req_to_token row out of range."""
     if max_tokens <= 0:
         return []
     out, t = [], SMALLEST_PREFILL_BUCKET
-    while True:
+    while limit is None or t <= limit:
         if t > above:
             out.append(t)
         if t >= max_tokens:
-            return out
+            break
         t *= 2
+    return out
 
 
 def graph_batch_sizes(
@@ -142,7 +146,8 @@ class CudaGraphRunner:
     the hidden states of every logits row come back), max_extend_len (1 without speculation,
     K + 1 with it), batch_sizes (bs buckets), use_graphs (False: run the padded static batch
     eagerly — the same padding path on CPU, used by the tests), prefill_max_tokens (P > 0:
-    also graphs for one request computing up to P tokens, when batch_sizes starts at 1).
+    also graphs for one request computing up to P tokens, when batch_sizes starts at 1; no
+    bucket beyond the model's context length).
     """
 
     def __init__(
@@ -165,9 +170,12 @@ class CudaGraphRunner:
         self.max_bs = batch_sizes[-1]
         # token buckets per bs bucket, ascending: decode / verify, then bs 1's prefill buckets
         self.token_buckets = {b: [b * (1 + k) for k in range(max_extend_len)] for b in batch_sizes}
-        self.prefill_buckets = (
-            prefill_token_buckets(prefill_max_tokens, max_extend_len) if batch_sizes[0] == 1 else []
-        )
+        self.prefill_buckets = []
+        if prefill_max_tokens > 0 and batch_sizes[0] == 1:
+            context_len = model_runner.model_config.context_len  # the longest possible prefill
+            self.prefill_buckets = prefill_token_buckets(
+                prefill_max_tokens, max_extend_len, limit=context_len
+            )
         self.token_buckets[batch_sizes[0]] += self.prefill_buckets
         self.max_tokens = max(self.max_bs * max_extend_len, *self.prefill_buckets, 0)
         self.keys = [GraphKey(b, n) for b, ns in self.token_buckets.items() for n in ns]
