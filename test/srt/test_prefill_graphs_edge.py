@@ -334,3 +334,23 @@ def test_prefill_buckets_stay_within_the_context_length(tiny_model_dir):
     assert prefill_token_buckets(128, 4, limit=100) == [16, 32, 64]
     assert prefill_token_buckets(128, 4, limit=128) == [16, 32, 64, 128]
     assert prefill_token_buckets(20, 4, limit=16) == [16]
+
+
+def test_prefill_buckets_stop_at_the_chunk_size_and_need_bs_1(tiny_model_dir, caplog):
+    """A prompt longer than --chunked-prefill-size is prefilled in chunks of at most that
+    many tokens, so buckets stop at the first one that holds a chunk (longer ones would never
+    replay); a batch-size list without 1 has no prefill buckets, and says so."""
+    sched = make_scheduler(
+        tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=1024,
+        chunked_prefill_size=40,
+    )  # fmt: skip
+    runner = sched.tp_worker.model_runner
+    graphs = CudaGraphRunner(
+        runner, CaptureHiddenMode.NULL, 1, [1, 2], use_graphs=False, prefill_max_tokens=128
+    )
+    assert graphs.prefill_buckets == [16, 32, 64]  # 64 holds a 40-token chunk
+    with caplog.at_level("WARNING"):
+        none = CudaGraphRunner(
+            runner, CaptureHiddenMode.NULL, 1, [2, 4], use_graphs=False, prefill_max_tokens=128
+        )
+    assert none.prefill_buckets == [] and "do not include 1" in caplog.text

@@ -49,8 +49,9 @@ def prefill_token_buckets(max_tokens: int, above: int, limit: int | None = None)
     SMALLEST_PREFILL_BUCKET up to the first one >= max_tokens (0: none), keeping those above
     `above` (the decode / verify buckets of bs 1 already cover 1..above tokens) and, given a
     limit (the model's context length), those up to it: no prefill computes more tokens, and
-    the capture's dummy batch of a longer bucket (positions 0..T - 1 of one request) would
-    index the RoPE cache and the request's req_to_token row out of range."""
+    the capture's dummy batch of a longer bucket (positions
+    0..T - 1 of one request) would index the RoPE cache and the request's req_to_token row out
+    of range."""
     if max_tokens <= 0:
         return []
     out, t = [], SMALLEST_PREFILL_BUCKET
@@ -61,6 +62,13 @@ def prefill_token_buckets(max_tokens: int, above: int, limit: int | None = None)
             break
         t *= 2
     return out
+
+
+def _chunk_size(model_runner) -> int | None:
+    """--chunked-prefill-size (None or <= 0: prompts are not chunked): no prefill step of one
+    request computes more tokens, so buckets beyond the first one that holds it never replay."""
+    chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
+    return chunk if chunk and chunk > 0 else None
 
 
 def graph_batch_sizes(
@@ -172,9 +180,16 @@ class CudaGraphRunner:
         self.token_buckets = {b: [b * (1 + k) for k in range(max_extend_len)] for b in batch_sizes}
         self.prefill_buckets = []
         if prefill_max_tokens > 0 and batch_sizes[0] == 1:
-            context_len = model_runner.model_config.context_len  # the longest possible prefill
+            longest = min(prefill_max_tokens, _chunk_size(model_runner) or prefill_max_tokens)
             self.prefill_buckets = prefill_token_buckets(
-                prefill_max_tokens, max_extend_len, limit=context_len
+                longest, max_extend_len, limit=model_runner.model_config.context_len
+            )
+        elif prefill_max_tokens > 0:
+            logger.warning(
+                "--cuda-graph-prefill-max-tokens %d: no prefill graphs, since the CUDA-graph "
+                "batch sizes %s do not include 1",
+                prefill_max_tokens,
+                batch_sizes,
             )
         self.token_buckets[batch_sizes[0]] += self.prefill_buckets
         self.max_tokens = max(self.max_bs * max_extend_len, *self.prefill_buckets, 0)
