@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
-from sglang.srt.model_executor.cuda_graph_runner import (
-    CudaGraphRunner,
+from sglang.srt.model_executor.cuda_graph_buckets import (
     GraphKey,
     graph_batch_sizes,
     prefill_token_buckets,
 )
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 from sglang.test.tiny_models import make_tiny_model_dir

@@ -17,7 +17,8 @@ import torch
 
 from sglang.srt.managers.io_struct import BatchStrOut, TokenizedGenerateReqInput
 from sglang.srt.managers.request_validation import build_sampling_params
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, prefill_token_buckets
+from sglang.srt.model_executor.cuda_graph_buckets import prefill_token_buckets
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.test.scheduler_utils import abort, make_scheduler

@@ -24,13 +24,13 @@ import bisect
 import gc
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+from sglang.srt.model_executor.cuda_graph_buckets import GraphKey, prefill_token_buckets
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -38,30 +38,6 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256]
-DEFAULT_CUDA_GRAPH_MAX_BS = 256
-SMALLEST_PREFILL_BUCKET = 16
-
-
-def prefill_token_buckets(max_tokens: int, above: int, limit: int | None = None) -> list[int]:
-    """Token buckets of the single-request prefill graphs: powers of two from
-    SMALLEST_PREFILL_BUCKET up to the first one >= max_tokens (0: none), keeping those above
-    `above` (the decode / verify buckets of bs 1 already cover 1..above tokens) and, given a
-    limit (the model's context length), those up to it: no prefill computes more tokens, and
-    the capture's dummy batch of a longer bucket (positions
-    0..T - 1 of one request) would index the RoPE cache and the request's req_to_token row out
-    of range."""
-    if max_tokens <= 0:
-        return []
-    out, t = [], SMALLEST_PREFILL_BUCKET
-    while limit is None or t <= limit:
-        if t > above:
-            out.append(t)
-        if t >= max_tokens:
-            break
-        t *= 2
-    return out
 
 
 def _chunk_size(model_runner) -> int | None:
@@ -71,33 +47,9 @@ def _chunk_size(model_runner) -> int | None:
     return chunk if chunk and chunk > 0 else None
 
 
-def graph_batch_sizes(
-    cuda_graph_bs: list[int] | None, cuda_graph_max_bs: int | None, max_running_requests: int
-) -> list[int]:
-    """Sorted bs buckets: --cuda-graph-bs (or the default list) cut at --cuda-graph-max-bs
-    (default: the largest of --cuda-graph-bs, else 256) and at --max-running-requests; with the
-    default list the cut itself is a bucket. Never empty."""
-    cap = cuda_graph_max_bs or (max(cuda_graph_bs) if cuda_graph_bs else DEFAULT_CUDA_GRAPH_MAX_BS)
-    max_bs = min(cap, max_running_requests)
-    sizes = sorted({b for b in (cuda_graph_bs or DEFAULT_CUDA_GRAPH_BS) if b <= max_bs})
-    if not sizes or (cuda_graph_bs is None and sizes[-1] < max_bs):
-        sizes.append(max_bs)
-    return sizes
-
-
 def as_int64(t: torch.Tensor) -> torch.Tensor:
     """t as int64 (t itself when it already is: no call)."""
     return t if t.dtype == torch.int64 else t.to(torch.int64)
-
-
-@dataclass(frozen=True)
-class GraphKey:
-    bs: int  # requests in the graph (real + pad)
-    num_tokens: int  # token rows in the graph (= logits rows)
-
-    @property
-    def max_extend_len(self) -> int:
-        return -(-self.num_tokens // self.bs)
 
 
 class _StaticInputs:
