@@ -33,7 +33,8 @@
 #   bash scripts/gpu_diagnose.sh L   # issue 6 fusions and launch cost: the fused-kernel tests,
 #                                    # the 8B batch-1 roofline with the GEMV prologues off, norm,
 #                                    # silu, all (SGLANG_FUSED_GEMV_PROLOGUE) and the RoPE + KV
-#                                    # store fusion off and on (SGLANG_FUSED_ROPE_KV), then
+#                                    # store fusion off and on (SGLANG_FUSED_ROPE_KV), SmolLM2
+#                                    # batch-1 decode with the prologues off and all, then
 #                                    # bench_linear_launch.py (host us per F.linear by M)
 #   bash scripts/gpu_diagnose.sh PF  # the bs-1 prefill graphs (--cuda-graph-prefill-max-tokens):
 #                                    # their GPU tests, then SmolLM2 TTFT rounds (a request
@@ -210,6 +211,10 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       echo "roofline prologue=$1 rope_kv=$2 rc=$? at $(( $(date +%s) - T0 )) s"
       grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
         "$D/decode_roofline_prologue$1_ropekv$2_$TAG.json" 2>/dev/null | head -3
+    done
+    for p in 0 all; do  # SmolLM2 (hidden 576: a cheap row to re-read) batch-1 decode
+      SGLANG_FUSED_GEMV_PROLOGUE=$p profile "decode_step_smollm2_bs1_prologue${p}_$TAG" 80 \
+        --batch-size 1 --steps 256 --modes overlap
     done
     timeout -k 5 "$(box 90)" python3 benchmark/bench_linear_launch.py \
       --result-file "$D/linear_launch_$TAG.json" > "$D/linear_launch.log" 2>&1
