@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import requests
+from proc_cpu import process_tree
 
 
 def free_port() -> int:
@@ -51,64 +52,6 @@ def affinity_preexec(cpus: str | None):
         return None
     cpu_set = parse_cpu_list(cpus)
     return lambda: os.sched_setaffinity(0, cpu_set)
-
-
-def process_tree(root: int) -> list[int]:
-    """root and its descendants' pids, from /proc/<pid>/stat parent links (Linux)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
-        children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process pid so far, all its threads (/proc/<pid>/stat
-    utime + stime); None when it is gone. Linux only."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def process_name(pid: int) -> str:
-    """/proc/<pid>/comm ("" when the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def cpu_seconds_by_role(root: int, scheduler_name: str = "sglang::sched") -> dict[str, float]:
-    """CPU seconds so far of a server's process tree by role: `http` (the root: HTTP server
-    and tokenizer manager), `scheduler` (processes named scheduler_name, which
-    run_scheduler_process sets; the detokenization runs there too) and `other` (the rest,
-    e.g. multiprocessing's resource tracker)."""
-    out = {"http": 0.0, "scheduler": 0.0, "other": 0.0}
-    for pid in process_tree(root):
-        secs = cpu_seconds(pid)
-        if secs is None:
-            continue
-        role = "http" if pid == root else "other"
-        if pid != root and process_name(pid) == scheduler_name:
-            role = "scheduler"
-        out[role] += secs
-    return out
 
 
 class Server:

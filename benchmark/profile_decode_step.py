@@ -67,6 +67,7 @@ from bench_common import (
     sync,
     write_json,
 )
+from proc_cpu import cpu_share, thread_cpu_seconds
 from pyspy_sampling import py_spy_window, start_spy, stop_spy
 from ttft_timeline import step_timers, timeline_row
 
@@ -128,7 +129,7 @@ def one_mode(a: argparse.Namespace) -> dict:
         sched.step()
     sync(a.device)
     prof = cProfile.Profile() if a.cprofile else None
-    cpu0 = _thread_cpu_s()
+    cpu0 = thread_cpu_seconds()
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
@@ -147,7 +148,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     client = sched.worker_client
     if client is not None:  # SGLANG_OVERLAP_THREAD: where steps launch
         out["overlap_launch_thread"] = "scheduler" if client.thread is None else "worker"
-    out["decode_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), wall)
+    out["decode_thread_cpu_share"] = cpu_share(cpu0, thread_cpu_seconds(), wall)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
         text = io.StringIO()
@@ -220,7 +221,7 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
         raw = (a.result_file or "/tmp/decode_step.json").rsplit(".", 1)[0]
         raw += f"_{a.mode}_ttft_pyspy_idle.txt"
         spy = start_spy(a.py_spy_bin or "py-spy", "idle", raw, sched, a)
-    cpu0, wall0 = _thread_cpu_s(), time.perf_counter()
+    cpu0, wall0 = thread_cpu_seconds(), time.perf_counter()
     for r in range(a.ttft_rounds):
         if a.mtbench:
             ids = _mtbench_ids(sched.tokenizer, 1000 + r)
@@ -257,7 +258,8 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
     timers.restore()
     out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms, "running": running}
     out["ttft_timeline"] = timeline[-4:]
-    out["ttft_thread_cpu_share"] = _cpu_share(cpu0, _thread_cpu_s(), time.perf_counter() - wall0)
+    wall = time.perf_counter() - wall0
+    out["ttft_thread_cpu_share"] = cpu_share(cpu0, thread_cpu_seconds(), wall)
     if spy is not None:
         out["ttft_py_spy_idle"] = {"raw_file": raw, **stop_spy(spy, raw)}
     if cprof is not None:  # the scheduler thread over the TTFT rounds
@@ -314,33 +316,6 @@ def _chunk_means(t0: float, marks: list[float], chunk: int) -> list[float]:
         out.append(round(1e3 * (part[-1] - prev) / len(part), 3))
         prev = part[-1]
     return out
-
-
-def _thread_cpu_s() -> dict[str, tuple[str, float]]:
-    """Per thread of this process (Linux /proc): (name, user + system CPU seconds)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(") ", 1)[1].split()
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:  # the thread ended
-            continue
-        name += " (main)" if int(tid) == os.getpid() else ""
-        out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
-    return out
-
-
-def _cpu_share(before: dict, after: dict, wall_s: float) -> list[str]:
-    """The busiest threads over a window: 'name/tid: CPU seconds per wall second'."""
-    rows = []
-    for tid, (name, cpu) in after.items():
-        rows.append((cpu - before.get(tid, (name, 0.0))[1], f"{name}/{tid}"))
-    rows.sort(reverse=True)
-    total = sum(c for c, _ in rows)
-    return [f"total: {total / wall_s:.2f}"] + [f"{n}: {c / wall_s:.2f}" for c, n in rows[:8]]
 
 
 def _mtbench_ids(tokenizer, i: int) -> list[int]:

@@ -37,7 +37,8 @@ import time
 from typing import Any
 
 from bench_common import RESULTS_DIR, error_record, run_meta, write_json
-from bench_server import Server, cpu_seconds_by_role, log_tail
+from bench_server import Server, log_tail
+from proc_cpu import cpu_seconds_by_role
 from sweep_presets import CONFIGS, MTBENCH, PRESETS, Preset, config_flags
 
 KEEP_METRICS = (
@@ -137,7 +138,7 @@ def run_point(server: Server, rows: list, c: int, timeout_s: float) -> dict[str,
 
 def _cpu_seconds(server: Server) -> dict[str, float]:
     """CPU seconds so far of this benchmark process (`client`) and of the server's processes
-    by role (bench_server.cpu_seconds_by_role: `http`, `scheduler`, `other`)."""
+    by role (proc_cpu.cpu_seconds_by_role: `http`, `scheduler`, `other`)."""
     return {"client": time.process_time(), **cpu_seconds_by_role(server.proc.pid)}
 
 

@@ -220,7 +220,8 @@ def test_set_cpus_repins_every_thread_of_the_server_tree():
     process tree (a second thread, a child process), not only the main thread."""
     from types import SimpleNamespace
 
-    from bench_server import Server, process_tree
+    from bench_server import Server
+    from proc_cpu import process_tree
 
     cpus = sorted(os.sched_getaffinity(0))
     proc = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True)
@@ -339,7 +340,7 @@ def test_cpu_seconds_by_role_tells_the_scheduler_from_the_http_process():
     """A point's cpu_util splits the server's CPU time by role: the root process (HTTP and
     tokenizer manager) and the process run_scheduler_process names "sglang::sched". Here the
     child named so burns 0.6 s of CPU and the root none."""
-    from bench_server import cpu_seconds_by_role, process_name
+    from proc_cpu import cpu_seconds_by_role, read_comm
 
     repo = os.path.join(os.path.dirname(__file__), "..", "..")
     child = None
@@ -348,7 +349,7 @@ def test_cpu_seconds_by_role_tells_the_scheduler_from_the_http_process():
     )
     try:
         child = int(proc.stdout.readline())
-        assert process_name(child) == "sglang::sched"
+        assert read_comm(f"/proc/{child}/comm") == "sglang::sched"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             roles = cpu_seconds_by_role(proc.pid)
