@@ -240,6 +240,19 @@ def check_prefill_equals_eager(runner, graphs: CudaGraphRunner, mode: CaptureHid
     assert not graphs.can_run(logprobs, mode)  # input logprobs need every row's logprobs
 
 
+def _cuda_runner(tiny_model_dir: str, mode: CaptureHiddenMode):
+    """The model runner of a float32 triton scheduler on CUDA without its own graphs (the
+    tests capture theirs), with the EAGLE-3 aux capture on for mode LAST."""
+    sched = make_scheduler(
+        tiny_model_dir, device="cuda", dtype="float32", attention_backend="triton",
+        max_total_tokens=4096, disable_cuda_graph=True,
+    )  # fmt: skip
+    runner = sched.tp_worker.model_runner
+    if mode == CaptureHiddenMode.LAST:
+        runner.model.set_eagle3_layers_to_capture()
+    return runner
+
+
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
 def test_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
     sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)
@@ -259,13 +272,7 @@ def test_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
 @gpu
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
 def test_cuda_graph_prefill_equals_eager(tiny_model_dir, mode):
-    sched = make_scheduler(
-        tiny_model_dir, device="cuda", dtype="float32", attention_backend="triton",
-        max_total_tokens=4096, disable_cuda_graph=True,
-    )  # fmt: skip
-    runner = sched.tp_worker.model_runner
-    if mode == CaptureHiddenMode.LAST:
-        runner.model.set_eagle3_layers_to_capture()
+    runner = _cuda_runner(tiny_model_dir, mode)
     graphs = CudaGraphRunner(
         runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], prefill_max_tokens=32
     )
@@ -292,13 +299,7 @@ def test_engine_prefill_graphs_equal_eager(tiny_model_dir):
 @gpu
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
 def test_cuda_graph_replay_equals_eager(tiny_model_dir, mode):
-    sched = make_scheduler(
-        tiny_model_dir, device="cuda", dtype="float32", attention_backend="triton",
-        max_total_tokens=4096, disable_cuda_graph=True,
-    )  # fmt: skip
-    runner = sched.tp_worker.model_runner
-    if mode == CaptureHiddenMode.LAST:
-        runner.model.set_eagle3_layers_to_capture()
+    runner = _cuda_runner(tiny_model_dir, mode)
     graphs = CudaGraphRunner(runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8])
     assert len(graphs.graphs) == 16
     check_padded_equals_eager(runner, graphs, mode, atol=2e-4)
@@ -310,11 +311,7 @@ def test_cuda_graph_verify_longer_than_one_query_block(tiny_model_dir):
     """A verify of 40 + 1 tokens replays bucket (2, 42), 21 tokens per request on average:
     the Triton extend kernel must still cover the 40-token request (its grid of 32-query
     blocks is sized from the longest request a bucket holds, not from the average)."""
-    sched = make_scheduler(
-        tiny_model_dir, device="cuda", dtype="float32", attention_backend="triton",
-        max_total_tokens=4096, disable_cuda_graph=True,
-    )  # fmt: skip
-    runner = sched.tp_worker.model_runner
+    runner = _cuda_runner(tiny_model_dir, CaptureHiddenMode.NULL)
     graphs = CudaGraphRunner(runner, CaptureHiddenMode.NULL, max_extend_len=40, batch_sizes=[2])
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (6, 9)]
