@@ -24,6 +24,7 @@ from sglang.srt.layers.triton_kernels.rotary import (
     check_rope_args,
     cos_sin_row,
     heads_of,
+    write_back_rows,
 )
 
 
@@ -166,8 +167,4 @@ def rope_and_store_kv(
             BLOCK_HEAD=triton.next_power_of_2(head_size),
             BLOCK_REST=triton.next_power_of_2(max(rest, 1)),
         )
-    if q_copy:
-        query.copy_(q_rows.view(query.shape))
-    if k_copy:
-        key.copy_(k_rows.view(key.shape))
-    return query, key
+    return write_back_rows(query, key, q_rows, k_rows, q_copy, k_copy)

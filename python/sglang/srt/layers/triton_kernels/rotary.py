@@ -108,6 +108,23 @@ def _token_rows(t: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, bool]:
     return t.reshape(num_tokens, -1).contiguous(), True
 
 
+def write_back_rows(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    q_rows: torch.Tensor,
+    k_rows: torch.Tensor,
+    q_copy: bool,
+    k_copy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """After a kernel rotated the rows of _token_rows(query) / _token_rows(key) in place:
+    copy the rows that were copies back into the caller's tensors. Returns (query, key)."""
+    if q_copy:
+        query.copy_(q_rows.view(query.shape))
+    if k_copy:
+        key.copy_(k_rows.view(key.shape))
+    return query, key
+
+
 def check_rope_args(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -175,8 +192,4 @@ def rotary_embedding_(
             BLOCK_HQ=triton.next_power_of_2(max(num_q_heads, 1)),
             BLOCK_HK=triton.next_power_of_2(max(num_k_heads, 1)),
         )
-    if q_copy:
-        query.copy_(q_rows.view(query.shape))
-    if k_copy:
-        key.copy_(k_rows.view(key.shape))
-    return query, key
+    return write_back_rows(query, key, q_rows, k_rows, q_copy, k_copy)
