@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 def _chunk_size(model_runner) -> int | None:
     """--chunked-prefill-size (None or <= 0: prompts are not chunked): no prefill step of one
     request computes more tokens, so buckets beyond the first one that holds it never replay."""
-    chunk = getattr(getattr(model_runner, "server_args", None), "chunked_prefill_size", None)
+    chunk = model_runner.server_args.chunked_prefill_size
     return chunk if chunk and chunk > 0 else None
 
 
