@@ -25,9 +25,13 @@ import torch
 
 from sglang.srt.server_args import env_flag
 
+# How the SGLANG_* switches below spell on and off (compared lower-cased and stripped).
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
 
 def _triton_enabled() -> bool:
-    if env_flag("DISABLE_TRITON_KERNELS").strip().lower() in ("1", "true", "yes", "on"):
+    if env_flag("DISABLE_TRITON_KERNELS").strip().lower() in _ON:
         return False
     return importlib.util.find_spec("triton") is not None
 
@@ -43,7 +47,7 @@ def use_triton_kernels(tensor: torch.Tensor) -> bool:
 
 def _triton_gemv_enabled() -> bool:
     flag = env_flag("TRITON_GEMV").strip().lower()
-    return _triton_enabled() and flag not in ("0", "false", "no", "off")
+    return _triton_enabled() and flag not in _OFF
 
 
 # Decided once at import: the Triton kernels are enabled and SGLANG_TRITON_GEMV is not "0".
@@ -87,9 +91,9 @@ def _fused_gemv_prologues() -> frozenset[str]:
     qkv_proj / gate_up_proj) and "silu" (SiLU-and-mul before down_proj).
     Raises ValueError naming the variable for any other value."""
     flag = env_flag("FUSED_GEMV_PROLOGUE").strip().lower()
-    if flag in ("", "0", "off", "false", "no"):
+    if flag in ("", *_OFF):
         return frozenset()
-    if flag in ("1", "on", "true", "yes", "all"):
+    if flag in (*_ON, "all"):
         return frozenset(GEMV_PROLOGUE_KINDS)
     kinds = frozenset(k.strip() for k in flag.split(",") if k.strip())
     unknown = sorted(kinds - set(GEMV_PROLOGUE_KINDS))
@@ -122,7 +126,7 @@ def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor, kind: str) ->
 
 def _fused_rope_kv_enabled() -> bool:
     flag = env_flag("FUSED_ROPE_KV").strip().lower()
-    return _triton_enabled() and flag not in ("0", "false", "no", "off")
+    return _triton_enabled() and flag not in _OFF
 
 
 # Decided once at import: the Triton kernels are enabled and SGLANG_FUSED_ROPE_KV is not "0".
