@@ -13,7 +13,8 @@ from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.server_args import ServerArgs
 
 # Largest --cuda-graph-prefill-max-tokens: each bucket's graph keeps [T, vocab] float32 logits
-# (T = 4096 with a 128k vocabulary: 2 GiB), so longer prefills stay eager.
+# (T = 4096 with a 128k vocabulary: 2 GiB, about 4 GiB over all buckets), so longer prefills
+# stay eager.
 MAX_PREFILL_GRAPH_TOKENS = 4096
 
 
