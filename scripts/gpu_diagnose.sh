@@ -30,7 +30,8 @@
 #                                    # graphs (+ speculation), then SmolLM2 batch 1, both modes,
 #                                    # 192 steps and 8 TTFT rounds; results copied to $OUT as
 #                                    # they come (a call cut short keeps what finished)
-#   bash scripts/gpu_diagnose.sh L   # issue 6 fusions and launch cost: the fused-kernel tests,
+#   bash scripts/gpu_diagnose.sh L   # issue 6 fusions and launch cost (knobs L_ROOFLINE,
+#                                    # L_SMOL_PROLOGUES, L_SKIP_LINEAR): the fused-kernel tests,
 #                                    # the 8B batch-1 roofline with the GEMV prologues off, norm,
 #                                    # silu, all (SGLANG_FUSED_GEMV_PROLOGUE) and the RoPE + KV
 #                                    # store fusion off and on (SGLANG_FUSED_ROPE_KV), SmolLM2
@@ -201,7 +202,8 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       test/srt/test_fused_rope_kv.py -q -p no:cacheprovider -rf --tb=short \
       > "$D/gpu_validate_fused_$TAG.log" 2>&1
     echo "fused tests rc=$?"; tail -3 "$D/gpu_validate_fused_$TAG.log"
-    for cfg in "0 0" "0 1" "norm 1" "silu 1" "all 1"; do
+    IFS=, read -ra cfgs <<< "${L_ROOFLINE-0 0,0 1,norm 1,silu 1,all 1}"
+    for cfg in "${cfgs[@]}"; do  # "prologue rope_kv" pairs (L_ROOFLINE="" skips the 8B)
       set -- $cfg
       [ "$(left)" -lt 100 ] && { echo "no time left for prologue=$1 rope_kv=$2"; continue; }
       SGLANG_FUSED_GEMV_PROLOGUE=$1 SGLANG_FUSED_ROPE_KV=$2 timeout -k 5 "$(box 100)" \
@@ -212,10 +214,12 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
         "$D/decode_roofline_prologue$1_ropekv$2_$TAG.json" 2>/dev/null | head -3
     done
-    for p in 0 all; do  # SmolLM2 (hidden 576: a cheap row to re-read) batch-1 decode
+    for p in ${L_SMOL_PROLOGUES:-0 all}; do  # SmolLM2 batch-1 decode (hidden 576: cheap rows)
       SGLANG_FUSED_GEMV_PROLOGUE=$p profile "decode_step_smollm2_bs1_prologue${p}_$TAG" 80 \
         --batch-size 1 --steps 256 --modes overlap
     done
+    [ -n "${L_SKIP_LINEAR:-}" ] && { cp "$D"/*.json "$OUT"/ 2>/dev/null; tar czf \
+      "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .; exit 0; }
     timeout -k 5 "$(box 90)" python3 benchmark/bench_linear_launch.py \
       --result-file "$D/linear_launch_$TAG.json" > "$D/linear_launch.log" 2>&1
     echo "linear launch rc=$?"; tail -4 "$D/linear_launch.log"
