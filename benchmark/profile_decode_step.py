@@ -384,9 +384,9 @@ def main() -> None:
     p.add_argument(
         "--cuda-graph-prefill-max-tokens",
         type=int,
-        default=0,
-        help="the server flag: bs-1 prefill graphs up to this many tokens (0: off); graphs "
-        "start at bs 1 only when --batch-size is 1",
+        default=None,
+        help="the server flag: bs-1 prefill graphs up to this many tokens (0: off; default: "
+        "the server's); graphs start at bs 1 only when --batch-size is 1",
     )
     p.add_argument("--copy-gib", type=float, default=4.0)
     p.add_argument("--result-file", default=None)

@@ -549,6 +549,23 @@ def test_fast_path_flag_validation(tiny_model_dir):
             resolve_server_args(ServerArgs(model_path=tiny_model_dir, **kw))
 
 
+def test_prefill_graph_default_by_device(tiny_model_dir, monkeypatch):
+    """--cuda-graph-prefill-max-tokens left out: DEFAULT_PREFILL_GRAPH_TOKENS on CUDA, 0 (no
+    graphs) on CPU; a given value, 0 included, is kept on both."""
+    from sglang.srt.server_args import DEFAULT_PREFILL_GRAPH_TOKENS, ServerArgs
+    from sglang.srt.server_args_resolve import resolve_server_args
+
+    def resolved(device: str, **kw) -> int:
+        args = ServerArgs(model_path=tiny_model_dir, device=device, **kw)
+        return resolve_server_args(args).cuda_graph_prefill_max_tokens
+
+    assert resolved("cpu") == 0
+    assert resolved("cpu", cuda_graph_prefill_max_tokens=64) == 64
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # resolve only, no GPU use
+    assert resolved("cuda") == DEFAULT_PREFILL_GRAPH_TOKENS == 256
+    assert resolved("cuda", cuda_graph_prefill_max_tokens=0) == 0
+
+
 @pytest.mark.parametrize("spec", [False, True])
 def test_engine_with_prefill_buckets_equals_eager_cpu(tiny_model_dir, draft_dir, spec):
     """Greedy outputs of a scheduler whose target runner replays prefills through the prefill

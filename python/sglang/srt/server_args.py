@@ -12,6 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+# --cuda-graph-prefill-max-tokens on CUDA when not given: SmolLM2's time to first token at batch 1
+# fell from 27 to 4.4 ms on the H200 with it (benchmark/README.md, fifteenth session).
+DEFAULT_PREFILL_GRAPH_TOKENS = 256
+
 
 def _arg(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field carrying its argparse help (and choices/type hints) in metadata."""
@@ -96,12 +100,13 @@ class ServerArgs:
         "bs; with speculation each bucket also has token buckets bs * (1 + k), k = 0..K.",
         nargs="+",
     )
-    cuda_graph_prefill_max_tokens: int = _arg(
-        0,
+    cuda_graph_prefill_max_tokens: int | None = _arg(
+        None,
         "This fork: also capture CUDA graphs for a single request's prefill of up to this many "
         "tokens (buckets 16, 32, 64, ... up to it; a prompt's uncached part), replayed instead "
-        "of the eager prefill, whose launches bound a small model's time to first token. 0 "
-        "(default): off. Upstream's nearest is --enable-piecewise-cuda-graph.",
+        "of the eager prefill, whose launches bound a small model's time to first token. "
+        f"Default {DEFAULT_PREFILL_GRAPH_TOKENS} on CUDA (0 elsewhere); 0: off. Upstream's "
+        "nearest is --enable-piecewise-cuda-graph.",
     )
     disable_overlap_schedule: bool | None = _arg(
         None,

@@ -10,7 +10,7 @@ import torch
 
 from sglang.srt.layers.attention import check_backend_device
 from sglang.srt.model_loader import resolve_model_path
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args import DEFAULT_PREFILL_GRAPH_TOKENS, ServerArgs
 
 # Largest --cuda-graph-prefill-max-tokens: each bucket's graph keeps [T, vocab] float32 logits
 # (T = 4096 with a 128k vocabulary: 2 GiB, about 4 GiB over all buckets), so longer prefills
@@ -60,6 +60,8 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         raise ValueError(f"--cuda-graph-bs needs positive batch sizes, got {a.cuda_graph_bs}")
     if a.cuda_graph_max_bs is not None and a.cuda_graph_max_bs < 1:
         raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {a.cuda_graph_max_bs}")
+    if a.cuda_graph_prefill_max_tokens is None:  # graphs exist on CUDA only
+        a.cuda_graph_prefill_max_tokens = DEFAULT_PREFILL_GRAPH_TOKENS if a.device == "cuda" else 0
     if not 0 <= a.cuda_graph_prefill_max_tokens <= MAX_PREFILL_GRAPH_TOKENS:
         raise ValueError(
             f"--cuda-graph-prefill-max-tokens must be in 0..{MAX_PREFILL_GRAPH_TOKENS}, "

@@ -135,7 +135,7 @@ class ModelRunner:
             capture_hidden_mode,
             max_extend_len,
             sizes,
-            prefill_max_tokens=sa.cuda_graph_prefill_max_tokens,
+            prefill_max_tokens=sa.cuda_graph_prefill_max_tokens or 0,  # None: not resolved
         )
 
     # ------------------------------------------------------------------
