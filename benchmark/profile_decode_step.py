@@ -355,7 +355,9 @@ def main() -> None:
         "--modes",
         nargs="+",
         default=["overlap", "sync"],
-        help="overlap sync adaptive adaptive_sync static_sync",
+        help="overlap sync adaptive adaptive_sync static_sync; a mode given again runs again "
+        "in its own process (e.g. overlap adaptive adaptive overlap: ABBA order, since the "
+        "host's speed drifts within a call), its results under <mode>_2, <mode>_3, ...",
     )
     p.add_argument("--device", default="cuda", help="cpu: only to check the script")
     p.add_argument("--mtbench", action="store_true", help="MT-Bench prompts, not random ids")
@@ -408,21 +410,24 @@ def main() -> None:
     result["bandwidth"] = bw
     roofline_ms = 1e3 * weight_bytes / (bw["bandwidth_gb_s"] * 1e9)
     result["roofline_ms"] = roofline_ms
+    seen: dict[str, int] = {}
     for mode in a.modes:
+        seen[mode] = seen.get(mode, 0) + 1
+        name = mode if seen[mode] == 1 else f"{mode}_{seen[mode]}"
         cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
         env = dict(os.environ)  # the CPU thread pools of a server's scheduler process
         env.update(scheduler_thread_env(a.device) if not a.default_cpu_pools else {})
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
-            result["modes"][mode] = {"error": proc.stderr[-3000:]}
+            result["modes"][name] = {"error": proc.stderr[-3000:]}
         else:
             r = json.loads(lines[-1][len("RESULT ") :])
             r["roofline_fraction"] = roofline_ms / r["step_ms"]
             if "graph_ms" in r:
                 r["graph_roofline_fraction"] = roofline_ms / r["graph_ms"]
-            result["modes"][mode] = r
-        print(json.dumps(result["modes"][mode], indent=1), flush=True)
+            result["modes"][name] = r
+        print(json.dumps(result["modes"][name], indent=1), flush=True)
         if a.result_file:
             write_json(a.result_file, result)
 
