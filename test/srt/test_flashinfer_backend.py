@@ -155,6 +155,50 @@ def test_fill_kv_indices_gathers_page_lists_and_pads_with_slot_zero():
         assert out.cpu().tolist() == want + [0] * extra
 
 
+def test_fill_kv_indices_many_requests_and_offset_views():
+    """More requests than one prefix tile (PREFIX_BLOCK = 128: 300 requests, the last one at
+    a tile's far end), index vectors that are views at odd element offsets (as
+    int64_to_device's split hands them out), and every padding count; the page lists are
+    the same gathers."""
+    g = torch.Generator().manual_seed(1)
+    bs = 300
+    r2t = torch.randint(1, 10_000, (bs + 2, 80), dtype=torch.int32, generator=g).to(DEVICE)
+    rows = torch.randperm(bs + 2, generator=g)[:bs].tolist()
+    seq = torch.randint(1, 80, (bs,), generator=g).tolist()
+    packed = torch.tensor([7] + rows + seq, dtype=torch.int64, device=DEVICE)
+    rows_t, seq_t = packed[1 : 1 + bs], packed[1 + bs :]  # offsets of 1 and bs + 1 elements
+    want = torch.cat([r2t[r, :n] for r, n in zip(rows, seq, strict=True)]).cpu().tolist()
+    for extra in (0, 1, 16):
+        out = torch.full((sum(seq) + extra,), -1, dtype=torch.int32, device=DEVICE)
+        fill_kv_indices(r2t, rows_t, seq_t, extra, out)
+        assert out.cpu().tolist() == want + [0] * extra
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="compiled Triton kernels need CUDA")
+def test_fill_kv_indices_compiles_once_for_any_step_shape():
+    """Batch sizes, padding counts and index-vector offsets that change every step must not
+    compile new variants mid-serving (on the H200 the earlier kernel, with a power-of-two
+    constexpr and specialized integers, was compiled again and again under load): after the
+    first call, every other shape reuses the one compiled kernel."""
+    from sglang.srt.layers.attention import paged_layout as pl
+
+    kernel = pl._fill_kv_indices_kernel
+    if not hasattr(kernel, "device_caches"):
+        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
+    r2t = torch.randint(1, 1000, (512, 64), dtype=torch.int32, device="cuda")
+    idx = torch.arange(600, dtype=torch.int64, device="cuda")
+    sizes = [(1, 0), (16, 0), (17, 1), (32, 16), (200, 3), (300, 0)]
+    for i, (bs, extra) in enumerate(sizes):
+        off = i % 2  # an aligned and a misaligned view in turn
+        rows = idx[off : off + bs]
+        seq = torch.cat([idx[:1], (rows % 60) + 1])[1 - off :]  # a view at offset 1 when off
+        out = torch.empty(int(seq.sum()) + extra, dtype=torch.int32, device="cuda")
+        fill_kv_indices(r2t, rows, seq, extra, out)
+    torch.cuda.synchronize()
+    dev = torch.cuda.current_device()
+    assert len(kernel.device_caches[dev][0]) == 1
+
+
 # ---------------------------------------------------------------------- GPU helpers
 class World:
     """A KV pool (one layer) and request table with shuffled slots, as the scheduler leaves

@@ -72,7 +72,19 @@ def _ones_int32(n: int) -> torch.Tensor:
     return t
 
 
-@triton.jit
+# One compiled variant per process: Triton specializes integer arguments on their value (== 1,
+# divisible by 16) and pointers on 16-byte alignment, so a kernel whose per-step arguments vary
+# compiles a new variant whenever a new combination shows up, mid-serving (0.2-0.5 s each).
+# `bs` and `extra_rows` change every step, and req_pool_indices / seq_lens are views at
+# offsets that change with the step's shape (int64_to_device's split), so none of them is
+# specialized; the prefix sum walks fixed PREFIX_BLOCK tiles instead of a power of two >= bs.
+# On the H200 (fifteenth session, py-spy of a paired run at c = 256) the adaptive server's
+# scheduler thread spent ~8% of its busy samples compiling variants of the earlier kernel
+# (a BS_POW2 constexpr, specialized integers), in eager prefills and verify replays.
+@triton.jit(
+    do_not_specialize=["extra_rows", "bs"],
+    do_not_specialize_on_alignment=["req_pool_indices", "seq_lens"],
+)
 def _fill_kv_indices_kernel(
     req_to_token,  # [pool_rows, max_context_len] int32
     stride_r2t,
@@ -81,13 +93,15 @@ def _fill_kv_indices_kernel(
     kv_indices,  # [num_pages] int32, output
     extra_rows,
     bs,
-    BS_POW2: tl.constexpr,
+    PREFIX_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    offs_b = tl.arange(0, BS_POW2)
-    before = tl.load(seq_lens + offs_b, mask=offs_b < pid, other=0).to(tl.int64)
-    start = tl.sum(before, axis=0)  # exclusive prefix sum of seq_lens
+    start = pid.to(tl.int64) * 0  # exclusive prefix sum of seq_lens, PREFIX_BLOCK at a time
+    for j0 in range(0, pid, PREFIX_BLOCK):
+        offs_b = j0 + tl.arange(0, PREFIX_BLOCK)
+        before = tl.load(seq_lens + offs_b, mask=offs_b < pid, other=0).to(tl.int64)
+        start += tl.sum(before, axis=0)
     row = tl.load(req_pool_indices + pid).to(tl.int64)
     n_valid = tl.load(seq_lens + pid).to(tl.int32)
     n_total = n_valid + tl.where(pid == bs - 1, extra_rows, 0)
@@ -106,7 +120,8 @@ def fill_kv_indices(
 ) -> None:
     """Page lists of a step, concatenated: req_to_token[req_pool_indices[i], :seq_lens[i]] for
     each request, then extra_rows zeros (padding slot 0) after the last one. One program per
-    request, lengths read on the device (no host sync)."""
+    request, lengths read on the device (no host sync); one compiled kernel whatever bs,
+    extra_rows and the index vectors' offsets (see the kernel's note)."""
     bs = req_pool_indices.numel()
     _fill_kv_indices_kernel[(bs,)](
         req_to_token,
@@ -116,6 +131,6 @@ def fill_kv_indices(
         kv_indices,
         extra_rows,
         bs,
-        BS_POW2=max(16, triton.next_power_of_2(bs)),
+        PREFIX_BLOCK=128,
         BLOCK=512,
     )

@@ -15,6 +15,15 @@ made the 8B-shaped batch-1 decode slower on the H200.
 RoPE fused with the KV store (rope_kv.py) runs where ``use_fused_rope_kv(q)`` is true and the
 layer's step qualifies (layers/fused_rope_kv.py); SGLANG_FUSED_ROPE_KV=0 turns only it off.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
+
+Variants: Triton compiles a kernel again for each new combination of its integer arguments'
+properties (== 1, divisible by 16), its pointers' 16-byte alignment and its constexprs. A
+compile takes 0.2-0.5 s, and one that first happens while serving stalls every request. So
+arguments that change from step to step are not specialized: index vectors read one element
+at a time (positions, KV slots, seeds), which are views at offsets that follow the step's
+shape, and counts that follow the batch size (``do_not_specialize``,
+``do_not_specialize_on_alignment``). attention/paged_layout.py's page-list kernel, whose
+variants the H200 measured being compiled under load, does the same.
 """
 
 from __future__ import annotations

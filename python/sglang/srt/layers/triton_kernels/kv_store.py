@@ -18,7 +18,7 @@ from sglang.srt.layers.triton_kernels.rotary import _token_rows
 _BLOCK = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["loc_ptr"])  # package docstring: variants
 def _store_kv_kernel(
     loc_ptr,
     k_ptr,

@@ -41,7 +41,7 @@ def _copy_heads(src_ptr, dst_ptr, num_heads, HEAD_SIZE: tl.constexpr, START: tl.
     tl.store(dst_ptr + offs, x.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "loc_ptr"])  # package docstring: variants
 def _rope_store_kv_kernel(
     pos_ptr,
     loc_ptr,

@@ -67,7 +67,7 @@ def cos_sin_row(pos_ptr, cache_ptr, token, cache_stride, max_position, dtype: tl
     return cos, sin
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr"])  # package docstring: variants
 def _rope_kernel(
     pos_ptr,
     q_ptr,

@@ -72,7 +72,10 @@ def _uniform(key, cols):
     return (top23.to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23, exact
 
 
-@triton.jit
+@triton.jit(  # package docstring: variants (chunk_cols, num_splits follow bs)
+    do_not_specialize=["chunk_cols", "num_splits"],
+    do_not_specialize_on_alignment=["seeds_ptr", "positions_ptr"],
+)
 def _sample_kernel(
     probs_ptr,
     seeds_ptr,
