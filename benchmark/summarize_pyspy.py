@@ -11,7 +11,9 @@ Scheduler.step_overlap) is the scheduler thread; its samples in total, those ins
 call sites that a decode step's host time went to in the tenth session), the samples whose
 stack contains it, as counts and as a share of the busy samples. A sample counts once per
 function however often the function appears in its stack. Also the tree of call sites under
-the anchor (function@line, --depth levels, nodes with at least --min-samples).
+the anchor (function@line, --depth levels, nodes with at least --min-samples), and the
+thread's samples inside Triton's JIT compiler (`JITFunction._do_compile`: a kernel variant
+compiled while serving) by the function that launched the kernel.
 """
 
 from __future__ import annotations
@@ -86,7 +88,21 @@ def summarize(path: str, anchor: str, functions: list[str], depth: int, min_samp
         "busy_samples": busy,
         "functions": counts,
         "tree": {k: v for k, v in sorted(tree.items()) if v >= min_samples},
+        "triton_compiles": triton_compiles(mine),
     }
+
+
+def triton_compiles(stacks: list[tuple[list[str], int]]) -> dict[str, int]:
+    """Samples inside JITFunction._do_compile, by the frame that launched the kernel (the one
+    above Triton's `KernelInterface.__getitem__` lambda and `JITFunction.run`)."""
+    out: collections.Counter = collections.Counter()
+    for frames, n in stacks:
+        if not any(f.startswith("JITFunction._do_compile ") for f in frames):
+            continue
+        run = next(k for k, f in enumerate(frames) if f.startswith("JITFunction.run "))
+        name, _, where = frames[max(0, run - 2)].partition(" (")
+        out[f"{name}@{where.rstrip(')').rsplit('/', 1)[-1]}"] += n
+    return dict(out.most_common())
 
 
 def main() -> None:
@@ -106,6 +122,8 @@ def main() -> None:
         print(s["file"], s.get("thread"), "busy", s.get("busy_samples"), "of", s.get("samples"))
         for fn, c in s.get("functions", {}).items():
             print(f"  {fn:40s} {c['samples']:7d} {100 * c['share_of_busy']:6.1f}%")
+        for fn, c in s.get("triton_compiles", {}).items():
+            print(f"  Triton compile under {fn:26s} {c:7d}")
     if a.result_file:
         with open(a.result_file, "w") as f:
             json.dump(out, f, indent=1)
