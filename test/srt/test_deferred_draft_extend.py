@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+import sglang.srt.managers.scheduler_output_processor as sop
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.spec_info import SpecPlan
 from sglang.test.scheduler_utils import (
@@ -277,3 +278,76 @@ def test_long_prompts_run_the_draft_extend_while_speculation_is_off(tiny_model_d
     run_until_idle(sched, outs)
     assert keeps == [[False], [True]]
     sched.kv.check_accounting()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_plain_steps_keep_each_requests_own_rows(tiny_model_dir, draft_dir, overlap):
+    """Three requests decode without drafts for a while; the first is aborted among them
+    (with overlap, while the next step is in flight, so that step's commit sees a subset of
+    its rows: the others' rows are not at their batch index). Then the other two draft: each
+    catches up from the rows its plain steps kept, so every proposal equals the one of a run
+    that drafted from the start, at the same position (the prompts' lengths keep the
+    requests' positions apart), the draft KV of their prompts and outputs is the same, and
+    the outputs are the plain engine's."""
+    prompts = {"a": prompt(20, seed=3), "b": prompt(45, seed=4), "c": prompt(70, seed=5)}
+
+    def run(sched, off: dict | None) -> tuple[dict, dict, dict]:
+        """(outputs of b and c, draft proposals by position, draft K of b and c by rid)."""
+        keeps = switch_speculation(sched, off) if off is not None else None
+        proposals = record_draft_proposals(sched.tp_worker) if off is not None else {}
+        outs: dict = {}
+        for rid, p in prompts.items():
+            submit(sched, rid, p, GREEDY)
+        lazy = off is not None and off["value"]
+        for step in range(10):  # prefills and plain steps (drafting ones in the eager run)
+            if step == 6:
+                sched.abort_request("a")
+            sched.step()
+        if lazy:
+            assert keeps and all(all(k) for k in keeps)  # the prefills were deferred
+            off["value"] = False
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        draft_k = {}
+        if off is not None:  # the finished requests' draft KV, as the radix cache keeps it
+            for rid in ("b", "c"):
+                out = outs[rid]["output_ids"]
+                m = sched.tree_cache.match_prefix(prompts[rid] + out[:-1], draft_only=True)
+                pool = sched.tp_worker.draft.kv_pool
+                slots = m.device_indices[: m.draft_valid_len]
+                draft_k[rid] = pool.k_buffer[0][slots]
+        return {rid: outs[rid]["output_ids"] for rid in ("b", "c")}, proposals, draft_k
+
+    subsets: list[list[int]] = []
+    real_subset = sop.subset_step
+
+    def subset(batch, result, keep):
+        subsets.append(list(keep))
+        return real_subset(batch, result, keep)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sop, "subset_step", subset)
+        ref, _, _ = run(
+            make_scheduler(tiny_model_dir, dtype="float32", **overlap_kw(overlap)), None
+        )
+        eager, eager_props, eager_k = run(
+            spec_scheduler(tiny_model_dir, draft_dir, **overlap_kw(overlap)), {"value": False}
+        )
+        subsets.clear()
+        lazy, lazy_props, lazy_k = run(
+            spec_scheduler(tiny_model_dir, draft_dir, **overlap_kw(overlap)), {"value": True}
+        )
+    assert eager == lazy == ref
+    assert (subsets == [[1, 2]]) if overlap else not subsets  # "a" was row 0 of the step
+    for rid in ("b", "c"):  # the draft KV of every position both runs hold
+        a, b = eager_k[rid], lazy_k[rid]
+        n = min(len(a), len(b))
+        assert n > len(prompts[rid]) + 8
+        assert torch.allclose(a[:n], b[:n], rtol=1e-4, atol=1e-5), (a[:n] - b[:n]).abs().max()
+    common = set(eager_props) & set(lazy_props)
+    assert any(45 <= n < 70 for n in common) and any(n >= 70 for n in common)  # "b" and "c"
+    assert all(eager_props[n] == lazy_props[n] for n in common)
+
+
+def overlap_kw(overlap: bool) -> dict:
+    return {"disable_overlap_schedule": not overlap}
