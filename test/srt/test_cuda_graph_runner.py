@@ -551,7 +551,8 @@ def test_fast_path_flag_validation(tiny_model_dir):
 
 def test_prefill_graph_default_by_device(tiny_model_dir, monkeypatch):
     """--cuda-graph-prefill-max-tokens left out: DEFAULT_PREFILL_GRAPH_TOKENS on CUDA, 0 (no
-    graphs) on CPU; a given value, 0 included, is kept on both."""
+    graphs) on CPU and where --cuda-graph-bs leaves out batch size 1 (the buckets need it; a
+    value given there keeps its warning); a given value, 0 included, is kept."""
     from sglang.srt.server_args import DEFAULT_PREFILL_GRAPH_TOKENS, ServerArgs
     from sglang.srt.server_args_resolve import resolve_server_args
 
@@ -564,6 +565,9 @@ def test_prefill_graph_default_by_device(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # resolve only, no GPU use
     assert resolved("cuda") == DEFAULT_PREFILL_GRAPH_TOKENS == 256
     assert resolved("cuda", cuda_graph_prefill_max_tokens=0) == 0
+    assert resolved("cuda", cuda_graph_bs=[8, 16]) == 0
+    assert resolved("cuda", cuda_graph_bs=[1, 8]) == 256
+    assert resolved("cuda", cuda_graph_bs=[8, 16], cuda_graph_prefill_max_tokens=64) == 64
 
 
 @pytest.mark.parametrize("spec", [False, True])

@@ -105,8 +105,8 @@ class ServerArgs:
         "This fork: also capture CUDA graphs for a single request's prefill of up to this many "
         "tokens (buckets 16, 32, 64, ... up to it; a prompt's uncached part), replayed instead "
         "of the eager prefill, whose launches bound a small model's time to first token. "
-        f"Default {DEFAULT_PREFILL_GRAPH_TOKENS} on CUDA (0 elsewhere); 0: off. Upstream's "
-        "nearest is --enable-piecewise-cuda-graph.",
+        f"Default {DEFAULT_PREFILL_GRAPH_TOKENS} on CUDA when --cuda-graph-bs includes 1, else "
+        "0; 0: off. Upstream's nearest is --enable-piecewise-cuda-graph.",
     )
     disable_overlap_schedule: bool | None = _arg(
         None,

@@ -60,8 +60,11 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         raise ValueError(f"--cuda-graph-bs needs positive batch sizes, got {a.cuda_graph_bs}")
     if a.cuda_graph_max_bs is not None and a.cuda_graph_max_bs < 1:
         raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {a.cuda_graph_max_bs}")
-    if a.cuda_graph_prefill_max_tokens is None:  # graphs exist on CUDA only
-        a.cuda_graph_prefill_max_tokens = DEFAULT_PREFILL_GRAPH_TOKENS if a.device == "cuda" else 0
+    if a.cuda_graph_prefill_max_tokens is None:  # bs-1 graphs, on CUDA only
+        bs1 = a.cuda_graph_bs is None or 1 in a.cuda_graph_bs
+        a.cuda_graph_prefill_max_tokens = (
+            DEFAULT_PREFILL_GRAPH_TOKENS if a.device == "cuda" and bs1 else 0
+        )
     if not 0 <= a.cuda_graph_prefill_max_tokens <= MAX_PREFILL_GRAPH_TOKENS:
         raise ValueError(
             f"--cuda-graph-prefill-max-tokens must be in 0..{MAX_PREFILL_GRAPH_TOKENS}, "
