@@ -99,7 +99,9 @@ def triton_compiles(stacks: list[tuple[list[str], int]]) -> dict[str, int]:
     for frames, n in stacks:
         if not any(f.startswith("JITFunction._do_compile ") for f in frames):
             continue
-        run = next(k for k, f in enumerate(frames) if f.startswith("JITFunction.run "))
+        run = next((k for k, f in enumerate(frames) if f.startswith("JITFunction.run ")), None)
+        if run is None:  # compiled outside a launch (e.g. an explicit warmup)
+            continue
         name, _, where = frames[max(0, run - 2)].partition(" (")
         out[f"{name}@{where.rstrip(')').rsplit('/', 1)[-1]}"] += n
     return dict(out.most_common())

@@ -187,16 +187,18 @@ def test_fill_kv_indices_compiles_once_for_any_step_shape():
         pytest.skip("this Triton keeps no per-device kernel cache to inspect")
     r2t = torch.randint(1, 1000, (512, 64), dtype=torch.int32, device="cuda")
     idx = torch.arange(600, dtype=torch.int64, device="cuda")
+    dev = torch.cuda.current_device()
     sizes = [(1, 0), (16, 0), (17, 1), (32, 16), (200, 3), (300, 0)]
     for i, (bs, extra) in enumerate(sizes):
         off = i % 2  # an aligned and a misaligned view in turn
         rows = idx[off : off + bs]
-        seq = torch.cat([idx[:1], (rows % 60) + 1])[1 - off :]  # a view at offset 1 when off
+        seq = torch.cat([idx[:1], (rows % 60) + 1])[1 - off :]  # offset 1 when off == 0
         out = torch.empty(int(seq.sum()) + extra, dtype=torch.int32, device="cuda")
         fill_kv_indices(r2t, rows, seq, extra, out)
+        if i == 0:  # other tests of this process may have compiled other strides' variants
+            compiled = len(kernel.device_caches[dev][0])
     torch.cuda.synchronize()
-    dev = torch.cuda.current_device()
-    assert len(kernel.device_caches[dev][0]) == 1
+    assert len(kernel.device_caches[dev][0]) == compiled
 
 
 # ---------------------------------------------------------------------- GPU helpers

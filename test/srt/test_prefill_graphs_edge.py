@@ -12,6 +12,8 @@ length (see test_prefill_buckets_stay_within_the_context_length).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -273,16 +275,19 @@ def test_eagle3_chunked_prefill(tiny_model_dir, draft_dir, overlap):
 
 def test_eagle3_adaptive_with_a_prefix_hit(tiny_model_dir, draft_dir):
     """--speculative-adaptive, a second prompt sharing the first one's prefix (its uncached
-    part replays a bucket)."""
+    part replays a bucket). The step-time model stays at its prior and the guard is off, so
+    both runs choose the same draft lengths (online, they follow measured times, and the two
+    runs drafted at different steps under CI load)."""
     base = prompts(8, [40])[0]
     schedule = [
         [("submit", "a", base, {**G, "max_new_tokens": 6}, {})],
         *[[]] * 8,
         [("submit", "b", base + [11, 12, 13, 14, 15, 16], {**G, "max_new_tokens": 6}, {})],
     ]
-    kw = dict(spec_kw=spec(draft_dir, speculative_adaptive=True))
-    out, _, replayed = compare(tiny_model_dir, schedule, **kw)
-    assert out["b"]["cached"] > 0 and replayed
+    fixed = json.dumps({"online_correction": False, "guard": False})
+    kw = dict(spec_kw=spec(draft_dir, speculative_adaptive=True, speculative_adaptive_config=fixed))
+    out, drafts, replayed = compare(tiny_model_dir, schedule, **kw)
+    assert out["b"]["cached"] > 0 and replayed and drafts
 
 
 def test_eagle3_deferred_draft_extend(tiny_model_dir, draft_dir):

@@ -72,12 +72,13 @@ def _ones_int32(n: int) -> torch.Tensor:
     return t
 
 
-# One compiled variant per process: Triton specializes integer arguments on their value (== 1,
+# One compiled variant per request table: Triton specializes integer arguments on their value (== 1,
 # divisible by 16) and pointers on 16-byte alignment, so a kernel whose per-step arguments vary
 # compiles a new variant whenever a new combination shows up, mid-serving (0.2-0.5 s each).
 # `bs` and `extra_rows` change every step, and req_pool_indices / seq_lens are views at
 # offsets that change with the step's shape (int64_to_device's split), so none of them is
 # specialized; the prefix sum walks fixed PREFIX_BLOCK tiles instead of a power of two >= bs.
+# `stride_r2t` stays specialized: one value per request table, so one variant each.
 # On the H200 (fifteenth session, py-spy of a paired run at c = 256) the adaptive server's
 # scheduler thread spent ~8% of its busy samples compiling variants of the earlier kernel
 # (a BS_POW2 constexpr, specialized integers), in eager prefills and verify replays.
