@@ -356,6 +356,13 @@ def _raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+# The warm-up batch (upstream sends the first prompt alone). Two prompts arrive together and
+# are prefilled as one batch of two, so the eager multi-request prefill's kernels are compiled
+# before serving, not at the first burst of concurrent requests: on CUDA a lone prompt replays
+# a prefill graph (--cuda-graph-prefill-max-tokens) and compiles nothing of that path.
+WARMUP_PROMPTS = ["The capital city of France is", "Water boils at sea level at a temperature of"]
+
+
 def _warmup(sa: ServerArgs, server: uvicorn.Server, failed: threading.Event) -> None:
     host = "127.0.0.1" if sa.host in ("0.0.0.0", "::", "") else sa.host
     url = f"http://{host}:{sa.port}"
@@ -366,7 +373,7 @@ def _warmup(sa: ServerArgs, server: uvicorn.Server, failed: threading.Event) -> 
     if not sa.skip_server_warmup:
         headers = {"Authorization": f"Bearer {sa.api_key}"} if sa.api_key else {}
         body = {
-            "text": "The capital city of France is",
+            "text": WARMUP_PROMPTS,
             "sampling_params": {"temperature": 0.0, "max_new_tokens": 8},
         }
         try:
