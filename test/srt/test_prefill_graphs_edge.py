@@ -335,7 +335,11 @@ def test_prefill_buckets_stay_within_the_context_length(tiny_model_dir):
         for key in graphs.keys:
             fb = graphs._dummy_fill(key)
             out = graphs._execute(key, fb)
-            assert out.next_token_logits.shape[0] == key.num_tokens
+            # a prefill bucket: the last row's logits only, every row's hidden states
+            rows = 1 if graphs.is_prefill_key(key) else key.num_tokens
+            assert out.next_token_logits.shape[0] == rows
+            if mode == CaptureHiddenMode.LAST:
+                assert out.hidden_states.shape[0] == key.num_tokens
         assert graphs.prefill_buckets == [16, 32, 64]
     assert prefill_token_buckets(128, 4, limit=100) == [16, 32, 64]
     assert prefill_token_buckets(128, 4, limit=128) == [16, 32, 64, 128]

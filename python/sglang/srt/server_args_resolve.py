@@ -12,9 +12,10 @@ from sglang.srt.layers.attention import check_backend_device
 from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.server_args import DEFAULT_PREFILL_GRAPH_TOKENS, ServerArgs
 
-# Largest --cuda-graph-prefill-max-tokens: each bucket's graph keeps [T, vocab] float32 logits
-# (T = 4096 with a 128k vocabulary: 2 GiB, about 4 GiB over all buckets), so longer prefills
-# stay eager.
+# Largest --cuda-graph-prefill-max-tokens: each bucket's graph keeps its activations (and, on a
+# speculative server, [T, 3H] hidden states) while the server runs, so longer prefills stay
+# eager. (Before the buckets computed one logits row, [T, vocab] float32 logits made 4096
+# cost ~4 GiB over all buckets with a 128k vocabulary.)
 MAX_PREFILL_GRAPH_TOKENS = 4096
 
 

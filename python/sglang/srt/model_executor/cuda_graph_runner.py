@@ -1,7 +1,8 @@
 """CUDA graphs for steps in which every computed token is a logits row: decode (one token per
 request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free per request);
 and, with --cuda-graph-prefill-max-tokens P, single-request prefills of up to P tokens (the
-graph computes every row's logits; the caller's rows are taken from them).
+graph computes the logits of the prompt's last token only, as an eager prefill does, and the
+hidden states of every row when the runner captures any).
 
 A graph is captured per (bs bucket, token bucket): bs bucket b from --cuda-graph-bs, token
 buckets b * (1 + k) for k = 0..max_extend_len - 1, plus, for b = 1, the prefill buckets
@@ -31,6 +32,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.model_executor.cuda_graph_buckets import GraphKey, prefill_token_buckets
+from sglang.srt.model_executor.cuda_graph_inputs import StaticInputs
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -50,52 +52,6 @@ def _chunk_size(model_runner) -> int | None:
 def as_int64(t: torch.Tensor) -> torch.Tensor:
     """t as int64 (t itself when it already is: no call)."""
     return t if t.dtype == torch.int64 else t.to(torch.int64)
-
-
-class _StaticInputs:
-    """Persistent device inputs, packed in one int64 buffer so one copy refreshes them all.
-
-    Layout (int64): req_pool_indices [B] | seq_lens [B] | extend_seq_lens [B] |
-    extend_prefix_lens [B] | extend_start_loc [B] | input_ids [N] | positions [N] |
-    out_cache_loc [N], with B = max bs and N = max tokens.
-
-    Host staging: two pinned buffers used in turn, each with an event recorded after its
-    upload. The host may prepare step N + 1 while step N's upload is still queued behind the
-    running step (overlap scheduling queues steps ahead), so a buffer is rewritten only after
-    its previous upload ran (`stage`).
-    """
-
-    def __init__(self, max_bs: int, max_tokens: int, device: torch.device) -> None:
-        self.B, self.N = max_bs, max_tokens
-        size = 5 * max_bs + 3 * max_tokens
-        self.dev = torch.zeros(size, dtype=torch.int64, device=device)
-        pin = device.type == "cuda"
-        self.hosts = [
-            torch.zeros(size, dtype=torch.int64, device="cpu", pin_memory=pin) for _ in range(2)
-        ]
-        self.events: list = [None, None]  # torch.cuda.Event after each buffer's last upload
-        self.turn = 0
-
-    def stage(self) -> np.ndarray:
-        """The host buffer to fill for the next upload (waits until its last upload ran)."""
-        self.turn ^= 1
-        event = self.events[self.turn]
-        if event is not None:
-            event.synchronize()
-        return self.hosts[self.turn].numpy()
-
-    def upload(self) -> None:
-        """Copy the staged host buffer to the device buffer (asynchronously on CUDA)."""
-        self.dev.copy_(self.hosts[self.turn], non_blocking=True)
-        if self.dev.device.type == "cuda":
-            event = self.events[self.turn] = self.events[self.turn] or torch.cuda.Event()
-            event.record()
-
-    def region(self, t: torch.Tensor, k: int, n: int) -> torch.Tensor:
-        """Field k (0..7) of the packed buffer t, first n entries."""
-        B, N = self.B, self.N
-        off = k * B if k < 5 else 5 * B + (k - 5) * N
-        return t[off : off + n]
 
 
 class CudaGraphRunner:
@@ -146,8 +102,10 @@ class CudaGraphRunner:
         self.token_buckets[batch_sizes[0]] += self.prefill_buckets
         self.max_tokens = max(self.max_bs * max_extend_len, *self.prefill_buckets, 0)
         self.keys = [GraphKey(b, n) for b, ns in self.token_buckets.items() for n in ns]
-        self.inputs = _StaticInputs(self.max_bs, self.max_tokens, self.device)
+        self.inputs = StaticInputs(self.max_bs, self.max_tokens, self.device)
         self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
+        # [1] int64: the last real token row of a prefill bucket's step (set by _fill_ragged)
+        self.prefill_logit_row = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._arange = np.arange(self.max_tokens, dtype=np.int64)  # host request starts
         if use_graphs:
             self.backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
@@ -162,7 +120,7 @@ class CudaGraphRunner:
         """True when mwb fits a captured graph: a decode/verify step (every computed token is
         a logits row) with the captured hidden-state mode, or a single-request prefill that
         a prefill bucket holds (hidden states: the captured mode, or FULL when LAST was
-        captured, since every graph row is a logits row); never with input logprobs."""
+        captured, since prefill buckets then capture every row); never with input logprobs."""
         if mwb.return_logprob and any(mwb.input_logprob_targets):
             return False
         if mwb.num_logit_rows == mwb.extend_seq_lens:
@@ -172,6 +130,10 @@ class CudaGraphRunner:
         else:
             return False
         return ok_mode and self.fits(mwb.extend_seq_lens)
+
+    def is_prefill_key(self, key: GraphKey) -> bool:
+        """A prefill bucket (one request, more tokens than a verify step computes)."""
+        return key.bs == 1 and key.num_tokens > self.max_extend_len
 
     def _prefill_modes(self) -> tuple[CaptureHiddenMode, ...]:
         if self.capture_hidden_mode == CaptureHiddenMode.LAST:
@@ -195,8 +157,8 @@ class CudaGraphRunner:
         bounds what the attention backend must cover: a replay of 2 requests with 41 + 1
         tokens fits bucket (2, 42), whose average is 21 (the Triton extend kernel sizes its
         grid of query blocks from it)."""
-        if key.bs == 1 and key.num_tokens > self.max_extend_len:
-            return key.num_tokens  # a prefill bucket
+        if self.is_prefill_key(key):
+            return key.num_tokens
         return min(self.max_extend_len, key.num_tokens - (key.bs - 1))
 
     def pick(self, bs: int, num_tokens: int) -> GraphKey | None:
@@ -213,8 +175,15 @@ class CudaGraphRunner:
 
     # ------------------------------------------------------------------ static batches
     def _static_batch(self, key: GraphKey) -> ForwardBatch:
-        """A ForwardBatch whose tensors are views of the persistent buffers for this key."""
+        """A ForwardBatch whose tensors are views of the persistent buffers for this key. A
+        prefill bucket computes one logits row (prefill_logit_row) and, where the runner
+        captures LAST, FULL hidden states: [T, V] logits per bucket would cost memory and a
+        T-row lm_head matmul, and its rounding could differ from the eager prefill's GEMV."""
         inp, d, b, n = self.inputs, self.inputs.dev, key.bs, key.num_tokens
+        prefill = self.is_prefill_key(key)
+        mode = self.capture_hidden_mode
+        if prefill and mode == CaptureHiddenMode.LAST:
+            mode = CaptureHiddenMode.FULL
         return ForwardBatch(
             forward_mode=ForwardMode.DECODE if n == b else ForwardMode.TARGET_VERIFY,
             batch_size=b,
@@ -229,11 +198,11 @@ class CudaGraphRunner:
             seq_lens_cpu=[1] * b,
             extend_seq_lens_cpu=[1] * b,
             extend_prefix_lens_cpu=[0] * b,
-            logits_indices=self.logits_indices[:n],
+            logits_indices=self.prefill_logit_row if prefill else self.logits_indices[:n],
             req_to_token_pool=self.runner.req_to_token_pool,
             token_to_kv_pool=self.runner.token_to_kv_pool,
             attn_backend=self.backend,
-            capture_hidden_mode=self.capture_hidden_mode,
+            capture_hidden_mode=mode,
         )
 
     def _fill(
@@ -294,6 +263,8 @@ class CudaGraphRunner:
         fb = self.batches[key]
         if not on_host:  # ids already on the device (resolved there): queued after the upload
             fb.input_ids[:t].copy_(input_ids, non_blocking=True)
+        if self.is_prefill_key(key):  # ordered before the replay on the same stream
+            self.prefill_logit_row.fill_(t - 1)
         fb.seq_lens_cpu = seq.tolist()
         fb.extend_seq_lens_cpu = ext.tolist()
         fb.extend_prefix_lens_cpu = pre.tolist()
@@ -437,8 +408,11 @@ class CudaGraphRunner:
         hidden = out.hidden_states
         logits = out.next_token_logits[:t]  # [T, V]: every graph row is a logits row
         if mwb.num_logit_rows != mwb.extend_seq_lens:  # a prefill (one request): its last rows
-            rows = slice(t - mwb.num_logit_rows[0], t)
-            logits = logits[rows]
+            rows = slice(t - mwb.num_logit_rows[0], t)  # 0 or 1 rows (no input logprobs)
+            if self.is_prefill_key(key):  # the graph's one row is the last token's
+                logits = out.next_token_logits[: mwb.num_logit_rows[0]]
+            else:
+                logits = logits[rows]
             if hidden is not None and capture_hidden_mode != CaptureHiddenMode.FULL:
                 hidden = hidden[rows]
         return LogitsProcessorOutput(
