@@ -123,6 +123,37 @@ def test_matches_the_pytorch_path(dtype, t, hq, hk, head, rotary_dim) -> None:
     assert torch.equal(v_cache.cpu(), ref_vc)  # v is copied
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiled Triton kernels need CUDA")
+def test_index_views_at_any_offset_reuse_one_compiled_kernel() -> None:
+    """positions and KV slots reach these kernels as views at offsets that follow the step's
+    shape (int64_to_device's split); token counts change every step. After the first call
+    per kernel, none of that compiles another variant mid-serving (the variants of a page-list
+    kernel cost the H200 8% of a loaded scheduler's time, benchmark/README.md, fifteenth
+    session)."""
+    from sglang.srt.layers.triton_kernels import kv_store, rotary
+
+    kernels = [rope_kv._rope_store_kv_kernel, kv_store._store_kv_kernel, rotary._rope_kernel]
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
+    dev = torch.cuda.current_device()
+    hq, hk, head = 9, 3, 64
+    cos_sin = torch.randn(4096, head, device="cuda")
+    counts = None
+    for i, t in enumerate([1, 16, 17, 33, 5]):
+        qkv, positions, loc, k_cache, v_cache = _case(t, hq, hk, head, torch.bfloat16, 64, i)
+        off = i % 2  # the index vectors as views at element offset 1 every other step
+        positions = torch.cat([positions[:1], positions])[off : off + t]
+        loc = torch.cat([loc[:1], loc])[off : off + t]
+        q, k, v = _split(qkv, hq, hk, head)
+        rope_and_store_kv(positions, q, k, v, cos_sin, head, head, k_cache, v_cache, loc)
+        store_kv(k_cache, v_cache, loc, k, v)
+        rotary_embedding_(positions, q, k, cos_sin, head, head)
+        now = [len(kern.device_caches[dev][0]) for kern in kernels]
+        counts = counts or now  # other tests of this process may have compiled other shapes
+        assert now == counts
+    torch.cuda.synchronize()
+
+
 def test_empty_step_and_bad_shapes() -> None:
     qkv, positions, loc, kc, vc = _case(2, 2, 1, 16, torch.float32)
     q, k, v = _split(qkv, 2, 1, 16)
