@@ -48,6 +48,7 @@ a failure outside a point is recorded as `error`; every server started is killed
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import signal
@@ -81,8 +82,14 @@ CPU_ROLES = ("client", "http", "scheduler")
 def summarize(points: list[dict], configs: list[str]) -> list[dict]:
     """Per (concurrency, configuration) over the rounds whose point is ok: median / min / max
     of output tok/s, medians of the points' median TTFT and ITL, and the paired ratio of
-    output tok/s to configs[0] in the same round (rounds where both are ok)."""
+    output tok/s to configs[0] in the same round (rounds where both are ok). With an A/A twin
+    of configs[0] among the configurations (named configs[0] + "_b", e.g. `--add-config
+    no_spec_b=`), also each other configuration's ratio to the geometric mean of the two in
+    the same round (`ratio_to_twins_*`): a baseline of two servers, so one server's luck in a
+    round moves it half as much (the fourteenth and fifteenth sessions' twins differed by up
+    to 16% in a median)."""
     base = configs[0]
+    twin = f"{base}_b" if f"{base}_b" in configs else None
     by_key: dict[tuple[int, str], dict[int, dict]] = {}
     for p in points:
         if p.get("status") == "ok":
@@ -113,6 +120,18 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
             if ratios and name != base:
                 row["ratio_to_base_median"] = statistics.median(ratios)
                 row["ratio_to_base_min"], row["ratio_to_base_max"] = min(ratios), max(ratios)
+            twins = [
+                p["output_throughput"] / math.sqrt(b["output_throughput"] * t["output_throughput"])
+                for r, p in runs.items()
+                if twin not in (None, name)
+                and name != base
+                and (b := by_key.get((c, base), {}).get(r))
+                and (t := by_key.get((c, twin), {}).get(r))
+                and b["output_throughput"] * t["output_throughput"] > 0
+            ]
+            if twins:
+                row["ratio_to_twins_median"] = statistics.median(twins)
+                row["ratio_to_twins_min"], row["ratio_to_twins_max"] = min(twins), max(twins)
             out.append(row)
     return out
 
@@ -162,9 +181,14 @@ def markdown(result: dict) -> str:
         "| scheduler host us per step: busy / resolve |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    twins = any("ratio_to_twins_median" in r for r in result["summary"])
+    if twins:  # one more column: the ratio to both A/A twins (summarize)
+        lines[4] += f" ratio to {configs[0]} and its twin (geometric mean) |"
+        lines[5] += "---|"
     for r in result["summary"]:
         if not r["rounds"]:
-            lines.append(f"| {r['concurrency']} | {r['config']} | 0 | - | - | - | - | - | - |")
+            empty = " - |" * (8 if twins else 7)
+            lines.append(f"| {r['concurrency']} | {r['config']} | 0 |{empty}")
             continue
         host = "-"
         if "host_us_resolve_median" in r:
@@ -183,10 +207,18 @@ def markdown(result: dict) -> str:
                 f"{r['ratio_to_base_median']:.3f} ({r['ratio_to_base_min']:.3f}-"
                 f"{r['ratio_to_base_max']:.3f})"
             )
-        lines.append(
+        line = (
             f"| {r['concurrency']} | {r['config']} | {r['rounds']} | {tput} | {ratio} "
             f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} | {cpu} | {host} |"
         )
+        if twins:
+            line += " - |"
+            if "ratio_to_twins_median" in r:
+                line = line[: -len(" - |")] + (
+                    f" {r['ratio_to_twins_median']:.3f} ({r['ratio_to_twins_min']:.3f}-"
+                    f"{r['ratio_to_twins_max']:.3f}) |"
+                )
+        lines.append(line)
     missing = failures(result)
     if missing:
         lines += ["", "Not measured:", "", *missing]

@@ -374,3 +374,37 @@ def test_host_us_per_step_from_two_server_states():
     assert host_us_per_step(before, after) == {"plan": 100.0, "flush": 150.0}
     assert host_us_per_step(before, before) == {}  # no step ran
     assert host_us_per_step({"forward_steps": 0}, after) == {}  # an older server: no keys
+
+
+def test_ratio_to_the_twins_geometric_mean():
+    """With an A/A twin of the base (no_spec_b), the other configurations also get their ratio
+    to the two servers' geometric mean per round; the twin itself and the base do not, and a
+    round that lacks either twin does not count. The table gains the column."""
+    pts = [
+        _point(4, 0, "no_spec", 100.0),
+        _point(4, 0, "no_spec_b", 121.0),
+        _point(4, 0, "adaptive", 110.0),  # 110 / sqrt(100 * 121) = 1.0
+        _point(4, 1, "no_spec", 100.0),
+        _point(4, 1, "no_spec_b", 100.0),
+        _point(4, 1, "adaptive", 90.0),  # 0.9
+        _point(4, 2, "no_spec", 100.0),
+        _point(4, 2, "adaptive", 50.0),  # no twin this round: not counted
+    ]
+    configs = ["no_spec", "no_spec_b", "adaptive"]
+    rows = {r["config"]: r for r in summarize(pts, configs)}
+    assert "ratio_to_twins_median" not in rows["no_spec"]
+    assert "ratio_to_twins_median" not in rows["no_spec_b"]
+    ad = rows["adaptive"]
+    assert (ad["ratio_to_twins_min"], ad["ratio_to_twins_max"]) == pytest.approx((0.9, 1.0))
+    assert ad["ratio_to_twins_median"] == pytest.approx(0.95)
+    assert ad["ratio_to_base_median"] == pytest.approx(0.9)  # 1.1, 0.9, 0.5
+    result = {
+        "settings": {"configs": configs, "preset": "smollm2", "rounds": 3},
+        "meta": {"command": "python benchmark/paired_serving.py"},
+        "summary": summarize(pts, configs),
+    }
+    table = markdown(result)
+    assert "geometric mean" in table and "| 0.950 (0.900-1.000) |" in table
+    assert all(line.count("|") == 11 for line in table.splitlines() if line.startswith("| 4 "))
+    no_twin = markdown({**result, "summary": summarize(pts, ["no_spec", "adaptive"])})
+    assert "geometric mean" not in no_twin
