@@ -195,3 +195,25 @@ def test_fused_equals_torch_on_cuda(num_cols: int) -> None:
     if triton_kernels.use_triton_kernels(probs):
         routed = srt_random.sample_from_probs(probs, seeds[:bs], pos, 1)
         assert torch.equal(routed, sample_from_probs_fused(probs, seeds[:bs], pos, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_batch_sizes_and_offset_rows_reuse_the_compiled_kernels() -> None:
+    """The split count follows the batch size and the seed / position vectors may be views at
+    any offset: after the first sampled batch, other batch sizes compile no new sampling or
+    reduction kernel while serving (triton_kernels package docstring, "Variants")."""
+    kernels = [fused._sample_kernel, fused._reduce_kernel]
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
+    dev = torch.cuda.current_device()
+    gen = torch.Generator().manual_seed(5)
+    seeds, positions = _rows(301, gen, "cuda")
+    counts = None
+    for i, bs in enumerate([1, 3, 17, 100, 40, 7]):  # 264 / bs programs per row: 1 .. 24
+        probs = torch.softmax(torch.randn(bs, 49152, generator=gen), dim=-1).cuda()
+        off = i % 2  # views at element offset 1 every other batch
+        sample_from_probs_fused(probs, seeds[off : off + bs], positions[off : off + bs])
+        now = [len(k.device_caches[dev][0]) for k in kernels]
+        counts = counts or now  # other tests of this process may have compiled other variants
+        assert now == counts

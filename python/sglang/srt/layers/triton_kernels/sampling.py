@@ -41,6 +41,10 @@ _C_MASK40 = tl.constexpr((1 << 24) - 1)
 
 _BLOCK = 1024
 _MIN_SPLIT_COLS = 2048  # fewest columns per program when a row is split across programs
+# Smallest SPLITS of the reduction: the default split count follows the batch size (up to
+# cdiv(V, _MIN_SPLIT_COLS), 63 for a 128k vocabulary), and one power of two per count would
+# compile a new reduction kernel for each while serving; masked lanes cost nothing.
+_REDUCE_SPLITS = 64
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -121,7 +125,7 @@ def _sample_kernel(
     tl.store(part_idx_ptr + row * num_splits + split, first)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # package docstring: variants
 def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_splits, BIG, SPLITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, SPLITS)
@@ -133,7 +137,7 @@ def _reduce_kernel(part_val_ptr, part_idx_ptr, out_ptr, num_splits, BIG, SPLITS:
     tl.store(out_ptr + row, first)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["seeds_ptr", "positions_ptr"])  # as _sample_kernel
 def _uniform_kernel(
     seeds_ptr,
     positions_ptr,
@@ -231,7 +235,12 @@ def sample_from_probs_fused(
     )
     if splits > 1:
         _reduce_kernel[(bs,)](
-            part_val, part_idx, out, splits, num_cols, SPLITS=triton.next_power_of_2(splits)
+            part_val,
+            part_idx,
+            out,
+            splits,
+            num_cols,
+            SPLITS=max(_REDUCE_SPLITS, triton.next_power_of_2(splits)),
         )
     return out
 
