@@ -20,7 +20,6 @@ from sglang.srt.speculative.spec_info import (
     COMPACT_CHUNKS,
     EagleDraftInput,
     SpecPlan,
-    SpecStepOutput,
     compact_pending,
 )
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 # Pending target hidden states kept per request while it does not draft; beyond this the
 # request stops speculating for good instead of holding more memory.
 MAX_PENDING_HIDDEN = 1024
-_NO_LOGPROB = (None,)  # the logprobs of a plain step's one token when none are asked
 
 
 class SpecScheduler:
@@ -206,22 +204,19 @@ class SpecScheduler:
 
     def commit_decode(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
         s, spec = self.s, result.spec
-        lens = [r.draft_len for r in batch.reqs]
         if self.adaptive is not None:  # before commit: reqs still describe the step's input
+            lens = [r.draft_len for r in batch.reqs]
             self.adaptive.observe(
                 batch.reqs, lens, spec.num_accepted, result.forward_time_s, batch.step_index
             )
+        drafting = committed = 0
+        out = s.outputs
+        hidden, starts = spec.hidden_states, spec.hidden_starts
         # Every COMPACT_CHUNKS commits, the new pending rows of every request are compacted
         # together (one copy for the batch, each request at most COMPACT_CHUNKS chunks behind),
         # rather than each request on its own schedule (one copy per step under load).
         self.num_decode_commits += 1
         cadence = self.num_decode_commits % COMPACT_CHUNKS == 0
-        if not any(lens):
-            self._commit_plain(batch, spec, cadence)
-            return
-        drafting = committed = 0
-        out = s.outputs
-        hidden, starts = spec.hidden_states, spec.hidden_starts
         due: list[EagleDraftInput] = []
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
@@ -256,40 +251,6 @@ class SpecScheduler:
         st["spec_verify_steps"] += len(batch.reqs)
         st["spec_committed_tokens"] += committed
         st["spec_last_step_share_drafting"] = drafting / max(1, len(batch.reqs))
-
-    def _commit_plain(self, batch: ScheduleBatch, spec: SpecStepOutput, cadence: bool) -> None:
-        """commit_decode of a step where no request drafted (the common step under load):
-        request i commits spec.tokens[i] (one token) and keeps row hidden_starts[i] of the
-        step's hidden states pending. The general loop's effects, without its per-request
-        work for drafts, accepts and multi-row ranges: at batch 256 on the CPU machine the
-        general loop cost 0.22 ms per step more than a plain server's commit, this one 0.04
-        ms (benchmark/profile_commit_host.py, alternated rounds, minimum kept)."""
-        out, hidden, starts = self.s.outputs, spec.hidden_states, spec.hidden_starts
-        toks, lps, tops = spec.tokens, spec.logprobs, spec.top_logprobs
-        committed = 0
-        due: list[EagleDraftInput] = []
-        for i, req in enumerate(batch.reqs):
-            if lps is None:
-                appended = out.commit_tokens(req, toks[i], _NO_LOGPROB, _NO_LOGPROB)
-            else:
-                appended = out.commit_tokens(req, toks[i], lps[i], tops[i])
-            req.kv_len += appended
-            req.extend_input_len = 0
-            committed += appended
-            req.spec_verify_ct += 1
-            d = req.draft
-            if appended:
-                d.append_row(hidden, starts[i], MAX_PENDING_HIDDEN)
-            if req.finished():
-                out.finish(req)
-            elif cadence or len(d.chunks) - d.num_compacted >= COMPACT_CHUNKS:
-                due.append(d)
-        if due:
-            compact_pending(due)
-        st = self.stats
-        st["spec_verify_steps"] += len(batch.reqs)
-        st["spec_committed_tokens"] += committed
-        st["spec_last_step_share_drafting"] = 0.0
 
     def record_drafting(self, req: Req, dlen: int, accepted: int) -> None:
         """Counters of a request-step that proposed dlen > 0 drafts."""

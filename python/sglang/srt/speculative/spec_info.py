@@ -112,17 +112,6 @@ class EagleDraftInput:
         elif compact and self.compaction_due:
             compact_pending([self])
 
-    def append_row(self, hidden: torch.Tensor, row: int, max_pending: int) -> None:
-        """append_rows(hidden, row, row + 1, max_pending, compact=False): the one state a
-        plain decode step commits (its caller compacts), without the general checks."""
-        if self.stale:
-            return
-        self.chunks.append((hidden, row, row + 1))
-        self.num_pending += 1
-        if self.num_pending > max_pending:
-            self.clear()
-            self.stale = True
-
     def clear(self) -> None:
         """The draft consumed every pending state."""
         self.chunks = []
