@@ -72,9 +72,10 @@ def _ones_int32(n: int) -> torch.Tensor:
     return t
 
 
-# One compiled variant per request table: Triton specializes integer arguments on their value (== 1,
-# divisible by 16) and pointers on 16-byte alignment, so a kernel whose per-step arguments vary
-# compiles a new variant whenever a new combination shows up, mid-serving (0.2-0.5 s each).
+# One compiled variant per request table: Triton specializes integer arguments on their value
+# (== 1, divisible by 16) and pointers on 16-byte alignment, so a kernel whose per-step
+# arguments vary compiles a new variant whenever a new combination shows up, mid-serving
+# (0.2-0.5 s each).
 # `bs` and `extra_rows` change every step, and req_pool_indices / seq_lens are views at
 # offsets that change with the step's shape (int64_to_device's split), so none of them is
 # specialized; the prefix sum walks fixed PREFIX_BLOCK tiles instead of a power of two >= bs.
