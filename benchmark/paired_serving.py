@@ -122,10 +122,8 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
                 row["ratio_to_base_min"], row["ratio_to_base_max"] = min(ratios), max(ratios)
             twins = [
                 p["output_throughput"] / math.sqrt(b["output_throughput"] * t["output_throughput"])
-                for r, p in runs.items()
-                if twin not in (None, name)
-                and name != base
-                and (b := by_key.get((c, base), {}).get(r))
+                for r, p in (runs.items() if twin is not None and name not in (base, twin) else ())
+                if (b := by_key.get((c, base), {}).get(r))
                 and (t := by_key.get((c, twin), {}).get(r))
                 and b["output_throughput"] * t["output_throughput"] > 0
             ]
@@ -140,6 +138,13 @@ def _tok_s(x: float) -> str:
     """Output tok/s for the table: whole numbers, three significant digits below 100 (CPU
     runs measure about 1 tok/s, which "%.0f" shows as 0 or 1)."""
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _ratio_cell(row: dict, key: str) -> str:
+    """A summary row's `<key>_median` (min-max) for the table, or - when it has none."""
+    if f"{key}_median" not in row:
+        return "-"
+    return f"{row[key + '_median']:.3f} ({row[key + '_min']:.3f}-{row[key + '_max']:.3f})"
 
 
 def failures(result: dict) -> list[str]:
@@ -201,23 +206,13 @@ def markdown(result: dict) -> str:
             f"{_tok_s(r['output_tok_s_median'])} ({_tok_s(r['output_tok_s_min'])}-"
             f"{_tok_s(r['output_tok_s_max'])})"
         )
-        ratio = "-"
-        if "ratio_to_base_median" in r:
-            ratio = (
-                f"{r['ratio_to_base_median']:.3f} ({r['ratio_to_base_min']:.3f}-"
-                f"{r['ratio_to_base_max']:.3f})"
-            )
+        ratio = _ratio_cell(r, "ratio_to_base")
         line = (
             f"| {r['concurrency']} | {r['config']} | {r['rounds']} | {tput} | {ratio} "
             f"| {r['median_ttft_ms']:.1f} | {r['median_itl_ms']:.2f} | {cpu} | {host} |"
         )
         if twins:
-            line += " - |"
-            if "ratio_to_twins_median" in r:
-                line = line[: -len(" - |")] + (
-                    f" {r['ratio_to_twins_median']:.3f} ({r['ratio_to_twins_min']:.3f}-"
-                    f"{r['ratio_to_twins_max']:.3f}) |"
-                )
+            line += f" {_ratio_cell(r, 'ratio_to_twins')} |"
         lines.append(line)
     missing = failures(result)
     if missing:
