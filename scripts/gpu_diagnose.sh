@@ -218,11 +218,11 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       SGLANG_FUSED_GEMV_PROLOGUE=$p profile "decode_step_smollm2_bs1_prologue${p}_$TAG" 80 \
         --batch-size 1 --steps 256 --modes overlap
     done
-    [ -n "${L_SKIP_LINEAR:-}" ] && { cp "$D"/*.json "$OUT"/ 2>/dev/null; tar czf \
-      "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .; exit 0; }
-    timeout -k 5 "$(box 90)" python3 benchmark/bench_linear_launch.py \
-      --result-file "$D/linear_launch_$TAG.json" > "$D/linear_launch.log" 2>&1
-    echo "linear launch rc=$?"; tail -4 "$D/linear_launch.log"
+    if [ -z "${L_SKIP_LINEAR:-}" ]; then
+      timeout -k 5 "$(box 90)" python3 benchmark/bench_linear_launch.py \
+        --result-file "$D/linear_launch_$TAG.json" > "$D/linear_launch.log" 2>&1
+      echo "linear launch rc=$?"; tail -4 "$D/linear_launch.log"
+    fi
     ;;
   PF)
     timeout -k 5 "$(box 150)" python3 -m pytest test/srt/test_cuda_graph_runner.py -k prefill \
