@@ -12,7 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
+from sglang.test.triton_interpreter import (  # first: sets TRITON_INTERPRET
+    DEVICE,
+    HAS_CUDA,
+    compiled_variants,
+)
 
 pytest.importorskip("triton")
 
@@ -183,11 +187,9 @@ def test_fill_kv_indices_compiles_once_for_any_step_shape():
     from sglang.srt.layers.attention import paged_layout as pl
 
     kernel = pl._fill_kv_indices_kernel
-    if not hasattr(kernel, "device_caches"):
-        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
+    compiled_variants(kernel)  # skips where Triton keeps no cache to inspect
     r2t = torch.randint(1, 1000, (512, 64), dtype=torch.int32, device="cuda")
     idx = torch.arange(600, dtype=torch.int64, device="cuda")
-    dev = torch.cuda.current_device()
     sizes = [(1, 0), (16, 0), (17, 1), (32, 16), (200, 3), (300, 0)]
     for i, (bs, extra) in enumerate(sizes):
         off = i % 2  # an aligned and a misaligned view in turn
@@ -196,9 +198,9 @@ def test_fill_kv_indices_compiles_once_for_any_step_shape():
         out = torch.empty(int(seq.sum()) + extra, dtype=torch.int32, device="cuda")
         fill_kv_indices(r2t, rows, seq, extra, out)
         if i == 0:  # other tests of this process may have compiled other strides' variants
-            compiled = len(kernel.device_caches[dev][0])
+            compiled = compiled_variants(kernel)
     torch.cuda.synchronize()
-    assert len(kernel.device_caches[dev][0]) == compiled
+    assert compiled_variants(kernel) == compiled
 
 
 # ---------------------------------------------------------------------- GPU helpers

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.test.triton_interpreter import DEVICE  # first: sets TRITON_INTERPRET
+from sglang.test.triton_interpreter import DEVICE, compiled_variants  # first: TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
@@ -133,9 +133,7 @@ def test_index_views_at_any_offset_reuse_one_compiled_kernel() -> None:
     from sglang.srt.layers.triton_kernels import kv_store, rotary
 
     kernels = [rope_kv._rope_store_kv_kernel, kv_store._store_kv_kernel, rotary._rope_kernel]
-    if not all(hasattr(k, "device_caches") for k in kernels):
-        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
-    dev = torch.cuda.current_device()
+    compiled_variants(*kernels)  # skips where Triton keeps no cache to inspect
     hq, hk, head = 9, 3, 64
     cos_sin = torch.randn(4096, head, device="cuda")
     counts = None
@@ -148,7 +146,7 @@ def test_index_views_at_any_offset_reuse_one_compiled_kernel() -> None:
         rope_and_store_kv(positions, q, k, v, cos_sin, head, head, k_cache, v_cache, loc)
         store_kv(k_cache, v_cache, loc, k, v)
         rotary_embedding_(positions, q, k, cos_sin, head, head)
-        now = [len(kern.device_caches[dev][0]) for kern in kernels]
+        now = compiled_variants(*kernels)
         counts = counts or now  # other tests of this process may have compiled other shapes
         assert now == counts
     torch.cuda.synchronize()

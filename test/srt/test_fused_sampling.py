@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.test.triton_interpreter import HAS_CUDA  # first: sets TRITON_INTERPRET
+from sglang.test.triton_interpreter import HAS_CUDA, compiled_variants  # first: TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
@@ -204,9 +204,7 @@ def test_batch_sizes_and_offset_rows_reuse_the_compiled_kernels() -> None:
     any offset: after the first sampled batch, other batch sizes compile no new sampling or
     reduction kernel while serving (triton_kernels package docstring, "Variants")."""
     kernels = [fused._sample_kernel, fused._reduce_kernel]
-    if not all(hasattr(k, "device_caches") for k in kernels):
-        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
-    dev = torch.cuda.current_device()
+    compiled_variants(*kernels)  # skips where Triton keeps no cache to inspect
     gen = torch.Generator().manual_seed(5)
     seeds, positions = _rows(301, gen, "cuda")
     counts = None
@@ -214,6 +212,6 @@ def test_batch_sizes_and_offset_rows_reuse_the_compiled_kernels() -> None:
         probs = torch.softmax(torch.randn(bs, 49152, generator=gen), dim=-1).cuda()
         off = i % 2  # views at element offset 1 every other batch
         sample_from_probs_fused(probs, seeds[off : off + bs], positions[off : off + bs])
-        now = [len(k.device_caches[dev][0]) for k in kernels]
+        now = compiled_variants(*kernels)
         counts = counts or now  # other tests of this process may have compiled other variants
         assert now == counts

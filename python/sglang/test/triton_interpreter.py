@@ -19,3 +19,16 @@ DEVICE: str = "cuda" if HAS_CUDA else "cpu"
 
 if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def compiled_variants(*kernels) -> list[int]:
+    """How many variants of each @triton.jit kernel this process has compiled on the current
+    CUDA device (Triton's per-device kernel cache). Tests of the "one variant" rule
+    (layers/triton_kernels/__init__.py, "Variants") compare it before and after calls with
+    changing shapes. Calls pytest.skip where this Triton keeps no such cache."""
+    import pytest
+
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        pytest.skip("this Triton keeps no per-device kernel cache to inspect")
+    dev = torch.cuda.current_device()
+    return [len(k.device_caches[dev][0]) for k in kernels]
