@@ -182,13 +182,19 @@ def _same_fields(graphs, key, got) -> bool:
     return True
 
 
-@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
-def test_padded_static_batch_equals_eager_cpu(tiny_model_dir, mode):
+def _cpu_graphs(tiny_model_dir, mode, **kw):
+    """(runner, graphs): a CPU runner and a graph runner over it with bs buckets 1..8 and
+    K + 1 = 4, whose padded static batches run eagerly (use_graphs False)."""
     sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)
     runner = sched.tp_worker.model_runner
-    graphs = CudaGraphRunner(
-        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], use_graphs=False
+    return runner, CudaGraphRunner(
+        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], use_graphs=False, **kw
     )
+
+
+@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
+def test_padded_static_batch_equals_eager_cpu(tiny_model_dir, mode):
+    runner, graphs = _cpu_graphs(tiny_model_dir, mode)
     check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
     batch = ModelWorkerBatch(
         ForwardMode.EXTEND, torch.tensor([1, 2]), torch.tensor([1, 2]), [0], [2], [0], [2],
@@ -255,12 +261,7 @@ def _cuda_runner(tiny_model_dir: str, mode: CaptureHiddenMode):
 
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
 def test_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
-    sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)
-    runner = sched.tp_worker.model_runner
-    graphs = CudaGraphRunner(
-        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], use_graphs=False,
-        prefill_max_tokens=32,
-    )  # fmt: skip
+    runner, graphs = _cpu_graphs(tiny_model_dir, mode, prefill_max_tokens=32)
     assert graphs.prefill_buckets == [16, 32]
     assert GraphKey(1, 32) in graphs.batches and graphs.max_tokens == 32
     check_prefill_equals_eager(runner, graphs, mode, atol=1e-4)
