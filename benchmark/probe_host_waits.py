@@ -1,0 +1,240 @@
+"""Which host calls of a decode step wait for the GPU, in-process, on CUDA:
+
+    python benchmark/probe_host_waits.py [--model-path bundled] [--batch-sizes 1 64] \
+        [--sleep-ms 5] [--result-file benchmark/results/host_waits_h200.json]
+
+Why: through the server the SmolLM2 decode step at concurrency 1 took 1.38 ms on the H200
+while its CUDA graph took 0.81 ms, and the scheduler thread's `launch` phase alone (queuing a
+step that should never wait) took ~0.93 ms per step (benchmark/README.md, sixteenth
+session). Either the host work is that slow or some call in it waits for the step in flight.
+Sampling profilers cannot tell a spin-wait from work.
+
+Method, per configuration (`plain`: no speculation; `adaptive`: EAGLE-3 with the bundled
+draft and --speculative-adaptive under a step-time model where drafting never pays, so every
+step is a plain decode) and batch size, an in-process Scheduler with overlap scheduling
+(greedy, ignore_eos, streamed) decodes in steady state, and a set of host calls (TARGETS:
+scheduler phases and the calls inside them) are timed on the scheduler thread, in ms per step:
+
+- `base`: --steps ordinary steps;
+- `loaded`: the same number of steps with a GPU sleep of --sleep-ms queued on the worker's
+  stream right after each launch (torch.cuda._sleep, calibrated in the same process), so that
+  whatever the host does next happens while the GPU is busy for that long;
+- `delta` = loaded - base. A call whose delta is near --sleep-ms waits for the device (a
+  stream or event synchronisation, a pageable copy, a blocking pinned allocation); one near 0
+  does not. `resolve` is expected to wait (that is its job): it waits for the step before the
+  sleep, so its delta is ~0 unless the pipeline is more than one step deep.
+
+Also, with torch.cuda.set_sync_debug_mode("warn") over --steps more steps, the syncs that
+PyTorch itself reports (item(), pageable copies, synchronize), counted by the innermost
+sglang frame that called them (`sync_debug`).
+
+On the CPU (no GPU) the script runs the `base` timings only (useful to check it runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+import traceback
+import warnings
+from typing import Any
+
+import torch
+from bench_common import PhaseTimers, plain_and_adaptive_no_drafts, run_meta, sync, write_json
+
+# (path from the Scheduler to an object, method name, label). Nested labels overlap their
+# enclosing ones on purpose: the innermost label with a delta near the sleep names the call.
+TARGETS: list[tuple[str, str, str]] = [
+    ("builder", "get_next_batch_to_run", "plan"),
+    ("kv", "assign_slots_many", "plan.assign_slots_many"),
+    ("req_to_token_pool", "write_many", "plan.write_many"),
+    ("builder", "build_model_worker_batch", "build"),
+    ("worker_client", "forward_batch_generation_async", "launch"),
+    ("tp_worker.model_runner", "forward_worker_batch", "launch.forward_worker_batch"),
+    ("tp_worker.model_runner.cuda_graph_runner", "_fill", "launch.graph_fill"),
+    ("tp_worker.model_runner.cuda_graph_runner", "_execute", "launch.graph_execute"),
+    ("tp_worker.model_runner.attn_backend", "_plan", "launch.attn_plan"),
+    ("tp_worker.model_runner.attn_backend", "_fill", "launch.attn_fill_kv_indices"),
+    ("tp_worker.model_runner.cuda_graph_runner.inputs", "stage", "launch.static_inputs_stage"),
+    ("tp_worker.model_runner.cuda_graph_runner.inputs", "upload", "launch.static_inputs_upload"),
+    ("worker_client", "resolve", "resolve"),
+    ("outputs", "process_batch_result", "commit"),
+    ("outputs", "flush", "flush"),
+]
+
+
+def resolve_path(root: Any, path: str) -> Any:
+    """root.a.b.c for path "a.b.c"; None when a link is missing or None."""
+    obj = root
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def wrap_targets(sched: Any) -> tuple[PhaseTimers, list[str]]:
+    """PhaseTimers over every TARGETS entry that exists on this scheduler (a plain server has
+    no speculative worker; a CPU one no graph runner). Returns (timers, labels wrapped)."""
+    triples, labels = [], []
+    for path, method, label in TARGETS:
+        obj = resolve_path(sched, path)
+        if obj is not None and callable(getattr(obj, method, None)):
+            triples.append((obj, method, label))
+            labels.append(label)
+    return PhaseTimers(triples), labels
+
+
+def waits(base: dict[str, float], loaded: dict[str, float], sleep_ms: float) -> dict[str, Any]:
+    """Per label: delta = loaded - base (ms per step) and `waits` = delta >= sleep_ms / 2.
+    base, loaded: label -> ms per step (a label missing from one side counts as 0)."""
+    out = {}
+    for label in sorted(set(base) | set(loaded)):
+        d = loaded.get(label, 0.0) - base.get(label, 0.0)
+        out[label] = {"delta_ms": round(d, 4), "waits": d >= sleep_ms / 2}
+    return out
+
+
+def calibrate_sleep(device: str) -> float:
+    """GPU clock cycles per millisecond of torch.cuda._sleep, measured with events."""
+    n = 2_000_000
+    torch.cuda._sleep(n // 10)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return n / start.elapsed_time(end)
+
+
+def inject_sleep(sched: Any, cycles: int) -> Any:
+    """Make every launch queue a GPU sleep of `cycles` on the worker's stream after the step.
+    Returns a function that undoes it."""
+    client = sched.worker_client
+    real = client.forward_batch_generation_async
+
+    def launch_then_sleep(mwb):
+        handle = real(mwb)
+        with torch.cuda.stream(client.stream):
+            torch.cuda._sleep(cycles)
+        return handle
+
+    client.forward_batch_generation_async = launch_then_sleep
+    # back to what was there (a timing wrapper of wrap_targets, which restores the method)
+    return lambda: setattr(client, "forward_batch_generation_async", real)
+
+
+def timed_steps(sched: Any, timers: PhaseTimers, steps: int, device: str) -> dict[str, float]:
+    """ms per step of each wrapped label over `steps` scheduler steps, and the wall ms."""
+    sync(device)
+    timers.take()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sched.step()
+    wall = time.perf_counter() - t0
+    out = {k: round(v / steps, 4) for k, v in timers.take().items()}
+    out["step_wall"] = round(1e3 * wall / steps, 4)
+    return out
+
+
+def sync_debug_sites(sched: Any, steps: int) -> dict[str, int]:
+    """Syncs reported by torch.cuda.set_sync_debug_mode("warn") over `steps` steps, counted by
+    the innermost frame under sglang/ (file:line function) that made them."""
+    sites: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack() if "/sglang/" in f.filename]
+        where = f"{filename}:{lineno}"
+        if frames:
+            f = frames[-1]
+            where = f"{f.filename.split('/sglang/')[-1]}:{f.lineno} {f.name}"
+        sites[f"{where}: {str(message)[:80]}"] += 1
+
+    with warnings.catch_warnings():  # restores warnings.showwarning on exit
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                sched.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return dict(sites.most_common())
+
+
+def probe(model: str | None, kw: dict, bs: int, a: argparse.Namespace) -> dict[str, Any]:
+    """One configuration at batch size bs: base (and on CUDA loaded, delta, sync_debug)."""
+    from sglang.test.scheduler_utils import make_scheduler, submit
+
+    sched = make_scheduler(
+        model,
+        device=a.device,
+        dtype=a.dtype,
+        max_total_tokens=a.max_total_tokens,
+        cuda_graph_bs=[bs],
+        disable_overlap_schedule=False,  # the CPU too: the same scheduler loop
+        **kw,
+    )
+    if not sched.enable_overlap:
+        raise RuntimeError("the probe needs overlap scheduling (the CUDA default)")
+    params = {"max_new_tokens": 4 * a.steps + 64, "temperature": 0, "ignore_eos": True}
+    gen = torch.Generator().manual_seed(0)
+    for i in range(bs):
+        ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
+        submit(sched, f"r{i}", ids, params, stream=True)
+    for _ in range(16):  # prefills, then steady decode
+        sched.step()
+    timers, labels = wrap_targets(sched)
+    out: dict[str, Any] = {"labels": labels, "base": timed_steps(sched, timers, a.steps, a.device)}
+    if a.device == "cuda":
+        cycles = int(a.sleep_ms * calibrate_sleep(a.device))
+        undo = inject_sleep(sched, cycles)
+        out["loaded"] = timed_steps(sched, timers, a.steps, a.device)
+        undo()
+        out["delta"] = waits(out["base"], out["loaded"], a.sleep_ms)
+        out["sync_debug"] = sync_debug_sites(sched, a.steps)
+    timers.restore()
+    if sched.worker_client is not None:
+        sched.worker_client.shutdown()
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None, help="default (or 'bundled'): SmolLM2-135M")
+    p.add_argument("--draft-path", default=None, help="EAGLE-3 draft (default: the bundled one)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--configs", nargs="+", default=["plain", "adaptive"])
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--sleep-ms", type=float, default=5.0)
+    p.add_argument("--max-total-tokens", type=int, default=65536)
+    p.add_argument("--result-file", default=None)
+    a = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    model = None if a.model_path in (None, "bundled") else a.model_path
+    if a.dtype is None:
+        a.dtype = "bfloat16" if a.device == "cuda" else "float32"
+    draft = a.draft_path
+    if draft is None:
+        from sglang.srt.speculative.bundled_draft import bundled_draft_path
+
+        draft = bundled_draft_path()
+    kws = plain_and_adaptive_no_drafts(draft)
+    kws["adaptive"] = kws.pop("adaptive_no_drafts")
+    result: dict[str, Any] = {"meta": run_meta(argv), "settings": vars(a), "probes": {}}
+    for name in a.configs:
+        for bs in a.batch_sizes:
+            key = f"{name}_bs{bs}"
+            result["probes"][key] = probe(model, kws[name], bs, a)
+            print(key, result["probes"][key].get("delta", result["probes"][key]["base"]))
+            if a.result_file:
+                write_json(a.result_file, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
