@@ -236,17 +236,20 @@ def plain_and_adaptive_no_drafts(draft: str, k: int = 3) -> dict[str, dict]:
 class PhaseTimers:
     """Wall time of named methods, by phase: `targets` are (object, method name, phase) triples;
     each method is replaced on that instance by a wrapper that adds its wall ms to the phase
-    (several methods may share one) until restore(). take() returns the ms accumulated since
-    the last take (rounded to the microsecond) and starts over."""
+    (several methods may share one) until restore(). The object may also be a module (a
+    function looked up as a module global at its call sites): restore() puts the function
+    back. take() returns the ms accumulated since the last take (rounded to the microsecond)
+    and starts over."""
 
     def __init__(self, targets: list[tuple[Any, str, str]]) -> None:
         self.ms: dict[str, float] = {}
-        self.undo: list[tuple[Any, str]] = []
+        self.undo: list[tuple[Any, str, Any]] = []  # (object, name, own attribute or None)
         for obj, name, phase in targets:
             self._wrap(obj, name, phase)
 
     def _wrap(self, obj: Any, name: str, phase: str) -> None:
         fn = getattr(obj, name)
+        own = getattr(obj, "__dict__", {}).get(name)  # a module's function, an own attribute
 
         def timed(*args, **kwargs):
             t = time.perf_counter()
@@ -256,13 +259,16 @@ class PhaseTimers:
                 self.ms[phase] = self.ms.get(phase, 0.0) + 1e3 * (time.perf_counter() - t)
 
         setattr(obj, name, timed)
-        self.undo.append((obj, name))
+        self.undo.append((obj, name, own))
 
     def take(self) -> dict[str, float]:
         out, self.ms = {k: round(v, 3) for k, v in sorted(self.ms.items())}, {}
         return out
 
     def restore(self) -> None:
-        for obj, name in self.undo:
-            delattr(obj, name)  # back to the class's method
+        for obj, name, own in reversed(self.undo):
+            if own is None:
+                delattr(obj, name)  # back to the class's method
+            else:
+                setattr(obj, name, own)
         self.undo = []

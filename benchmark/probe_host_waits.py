@@ -26,7 +26,9 @@ scheduler phases and the calls inside them) are timed on the scheduler thread, i
 
 Also, with torch.cuda.set_sync_debug_mode("warn") over --steps more steps, the syncs that
 PyTorch itself reports (item(), pageable copies, synchronize), counted by the innermost
-sglang frame that called them (`sync_debug`).
+sglang frame that called them (`sync_debug`); and first, `primitives`: the host microseconds
+per call of the CUDA calls a launch is made of (pinned allocation and upload, index_put_,
+events, a kernel, replays of graphs of 1 and 300 kernels), with the GPU idle and busy.
 
 On the CPU (no GPU) the script runs the `base` timings only (useful to check it runs).
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import time
 import traceback
 import warnings
@@ -43,8 +46,10 @@ from typing import Any
 import torch
 from bench_common import PhaseTimers, plain_and_adaptive_no_drafts, run_meta, sync, write_json
 
-# (path from the Scheduler to an object, method name, label). Nested labels overlap their
-# enclosing ones on purpose: the innermost label with a delta near the sleep names the call.
+# (path from the Scheduler to an object, or a module's name, method or function name, label).
+# Nested labels overlap their enclosing ones on purpose: the innermost label with a delta near
+# the sleep names the call. Module functions are timed wherever they are called through the
+# module's global (h2d.to_device_async: every pinned upload of int64_to_device).
 TARGETS: list[tuple[str, str, str]] = [
     ("builder", "get_next_batch_to_run", "plan"),
     ("kv", "assign_slots_many", "plan.assign_slots_many"),
@@ -58,6 +63,8 @@ TARGETS: list[tuple[str, str, str]] = [
     ("tp_worker.model_runner.attn_backend", "_fill", "launch.attn_fill_kv_indices"),
     ("tp_worker.model_runner.cuda_graph_runner.inputs", "stage", "launch.static_inputs_stage"),
     ("tp_worker.model_runner.cuda_graph_runner.inputs", "upload", "launch.static_inputs_upload"),
+    ("sglang.srt.utils.h2d", "to_device_async", "h2d.to_device_async"),  # plan and launch
+    ("sglang.srt.managers.pending_result", "copy_to_host_async", "launch.copy_to_host_async"),
     ("worker_client", "resolve", "resolve"),
     ("outputs", "process_batch_result", "commit"),
     ("outputs", "flush", "flush"),
@@ -65,7 +72,10 @@ TARGETS: list[tuple[str, str, str]] = [
 
 
 def resolve_path(root: Any, path: str) -> Any:
-    """root.a.b.c for path "a.b.c"; None when a link is missing or None."""
+    """root.a.b.c for path "a.b.c", or the module of that name for "sglang...."; None when a
+    link is missing or None."""
+    if path.startswith("sglang."):
+        return importlib.import_module(path)
     obj = root
     for name in path.split("."):
         obj = getattr(obj, name, None)
@@ -163,6 +173,71 @@ def sync_debug_sites(sched: Any, steps: int) -> dict[str, int]:
     return dict(sites.most_common())
 
 
+def primitives(sleep_ms: float, calls: int = 100) -> dict[str, dict[str, float]]:
+    """Host microseconds per call of the CUDA primitives a decode step's launch is made of,
+    with the GPU idle and with a GPU sleep of sleep_ms queued on the current stream first:
+    {name: {"idle_us", "busy_us", "busy_max_us"}}. A primitive whose busy_max_us is near the
+    sleep waits for the stream; one with a high idle_us is simply costly on this host."""
+    dev = torch.device("cuda")
+    small = torch.arange(64, dtype=torch.int64)
+    pinned = small.pin_memory()
+    table = torch.zeros(1 << 20, dtype=torch.int32, device=dev)
+    idx = torch.arange(64, dtype=torch.int64, device=dev)
+    x = torch.zeros(64, device=dev)
+    ev = torch.cuda.Event()
+    ev.record()
+    graphs = {}
+    for n in (1, 300):  # a graph of n tiny kernels (a SmolLM2 decode graph has a few hundred)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            x.add_(1)  # warm-up outside the capture
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(n):
+                    x.add_(1)
+        torch.cuda.current_stream().wait_stream(s)
+        graphs[n] = g
+    ops = {
+        "pin_memory_64": lambda: small.pin_memory(),
+        "empty_pinned_64": lambda: torch.empty(64, dtype=torch.int64, pin_memory=True),
+        "h2d_pinned_nonblocking": lambda: pinned.to(dev, non_blocking=True),
+        "h2d_pageable": lambda: small.to(dev),
+        "tensor_from_list_cuda": lambda: torch.tensor([1, 2, 3], device=dev),
+        "index_put_64": lambda: table.__setitem__(idx, 7),
+        "kernel_add_": lambda: x.add_(1),
+        "event_new_record": lambda: torch.cuda.Event().record(),
+        "event_timing_new_record": lambda: torch.cuda.Event(enable_timing=True).record(),
+        "event_query": lambda: ev.query(),
+        "current_stream": lambda: torch.cuda.current_stream(),
+        "graph_replay_1": lambda: graphs[1].replay(),
+        "graph_replay_300": lambda: graphs[300].replay(),
+    }
+    cycles = int(sleep_ms * calibrate_sleep("cuda"))
+    out = {}
+    for name, op in ops.items():
+        op()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            op()
+        idle = (time.perf_counter() - t0) / calls
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        times = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            op()
+            times.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+        out[name] = {
+            "idle_us": round(1e6 * idle, 2),
+            "busy_us": round(1e6 * sum(times) / calls, 2),
+            "busy_max_us": round(1e6 * max(times), 2),
+        }
+    return out
+
+
 def probe(model: str | None, kw: dict, bs: int, a: argparse.Namespace) -> dict[str, Any]:
     """One configuration at batch size bs: base (and on CUDA loaded, delta, sync_debug)."""
     from sglang.test.scheduler_utils import make_scheduler, submit
@@ -226,6 +301,10 @@ def main(argv: list[str] | None = None) -> dict:
     kws = plain_and_adaptive_no_drafts(draft)
     kws["adaptive"] = kws.pop("adaptive_no_drafts")
     result: dict[str, Any] = {"meta": run_meta(argv), "settings": vars(a), "probes": {}}
+    if a.device == "cuda":
+        result["primitives"] = primitives(a.sleep_ms)
+        for name, v in result["primitives"].items():
+            print(f"{name:28s} {v}")
     for name in a.configs:
         for bs in a.batch_sizes:
             key = f"{name}_bs{bs}"

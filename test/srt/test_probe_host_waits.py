@@ -31,6 +31,9 @@ def _args(steps: int) -> argparse.Namespace:
 
 
 def test_cpu_probe_times_the_scheduler_phases(tiny_model_dir, draft_dir):
+    from sglang.srt.utils import h2d
+
+    original = h2d.to_device_async
     kws = plain_and_adaptive_no_drafts(draft_dir)
     for name in ("plain", "adaptive_no_drafts"):
         out = probe(tiny_model_dir, kws[name], bs=3, a=_args(steps=6))
@@ -45,3 +48,5 @@ def test_cpu_probe_times_the_scheduler_phases(tiny_model_dir, draft_dir):
         assert base["plan.write_many"] <= base["plan"]
         assert base["launch"] + base["plan"] <= base["step_wall"]
         assert "loaded" not in out and "delta" not in out  # the GPU sleep needs CUDA
+        # a module function timed through its global is put back afterwards
+        assert "h2d.to_device_async" in wrapped and h2d.to_device_async is original
