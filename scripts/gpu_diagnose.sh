@@ -45,6 +45,10 @@
 #                                    # at once, py-spy record (--idle, every thread and
 #                                    # subprocess, raw stacks) of each for P_SPY_S seconds
 #                                    # (default 30) from the first finished point on
+#   bash scripts/gpu_diagnose.sh FL  # the lean FlashInfer decode re-plan: its CPU cross-check and
+#                                    # GPU replay tests, then SmolLM2 overlap decode steps at
+#                                    # batch FL_BS (default 1 64) with SGLANG_FLASHINFER_LEAN_PLAN
+#                                    # = 0, 1, 1, 0 (ABBA, a fresh process each)
 #   bash scripts/gpu_diagnose.sh H   # which host calls of a decode step wait for the GPU:
 #                                    # probe_host_waits.py, SmolLM2 in-process, plain and
 #                                    # adaptive at batch H_BS (default 1 64 256), each timed
@@ -247,6 +251,22 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
     grep -E "^(plain|adaptive)_bs" "$D/host_waits_$TAG.log"
     ;;
+  FL)  # the lean FlashInfer decode re-plan (SGLANG_FLASHINFER_LEAN_PLAN): tests, then ABBA
+    timeout -k 5 "$(box 150)" python3 -m pytest test/srt/test_flashinfer_replan.py \
+      test/srt/test_flashinfer_backend.py -k "replan or lean or replay" -q -p no:cacheprovider \
+      -rf --tb=short > "$D/gpu_validate_lean_plan_$TAG.log" 2>&1
+    echo "lean plan tests rc=$?"; tail -3 "$D/gpu_validate_lean_plan_$TAG.log"
+    cp "$D/gpu_validate_lean_plan_$TAG.log" "$OUT"/
+    for bs in ${FL_BS:-1 64}; do  # in-process overlap steps, plain server, lean off / on / on / off
+      i=0
+      for lean in 0 1 1 0; do
+        SGLANG_FLASHINFER_LEAN_PLAN=$lean profile \
+          "decode_step_smollm2_bs${bs}_turn${i}_lean${lean}_$TAG" 60 --batch-size "$bs" \
+          --steps 256 --modes overlap
+        i=$((i + 1))
+      done
+    done
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -255,7 +275,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

