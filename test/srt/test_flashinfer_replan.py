@@ -1,10 +1,11 @@
 """flashinfer_replan against flashinfer-python's own plan(), on the CPU.
 
-A CUDA-graph decode wrapper is built over CPU buffers (its pinned workspace as plain memory)
-and its module replaced by a recorder, so that FlashInfer's real plan() runs up to the C++
-call. The lean re-plan must hand that call the same arguments for the same step and leave
-the same page offsets in the wrapper's buffer, with and without tensor cores. The GPU side
-(the schedule and attention outputs of lean replays) is test_flashinfer_backend.py's
+CUDA-graph wrappers are built over CPU buffers (their pinned workspace as plain memory) and
+their module replaced by a recorder, so that FlashInfer's real plan() runs up to the C++
+call. The lean re-plan must hand that call the same arguments for the same step and leave the
+same offsets and lengths in the wrapper's buffers: decode with and without tensor cores, and
+causal prefill / verify steps (ragged query lengths, padded token rows). The GPU side (the
+attention outputs of lean replays) is test_flashinfer_backend.py's
 test_cuda_graph_replay_with_padding_equals_eager with lean=True.
 """
 
@@ -56,6 +57,39 @@ def graph_wrapper(monkeypatch, use_tc: bool):
     return w
 
 
+def prefill_graph_wrapper(monkeypatch, rows: int):
+    """A CUDA-graph prefill wrapper over CPU buffers for BS requests and `rows` token rows."""
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        torch.zeros(1 << 20, dtype=torch.uint8),
+        "NHD",
+        use_cuda_graph=True,
+        qo_indptr_buf=torch.zeros(BS + 1, dtype=torch.int32),
+        paged_kv_indptr_buf=torch.zeros(BS + 1, dtype=torch.int32),
+        paged_kv_indices_buf=torch.zeros(4096, dtype=torch.int32),
+        paged_kv_last_page_len_buf=torch.ones(BS, dtype=torch.int32),
+        backend="fa2",
+    )
+    monkeypatch.setattr(torch, "empty", real_empty)
+    w._jit_module = Recorder()
+    return w
+
+
+def full_prefill_plan(w, seq_lens: list[int], ext: list[int], rows: int, nkv: int) -> None:
+    """The backend's plan() call for a prefill / verify replay (FlashInferAttnBackend._plan)."""
+    layout = paged_layout(seq_lens, ext, rows)
+    w.plan(
+        layout.qo_indptr, layout.kv_indptr, w._paged_kv_indices_buf[: layout.num_pages],
+        layout.last_page_len, NQ, nkv, HEAD_DIM, 1, causal=True, non_blocking=True,
+        q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=0.125,
+    )  # fmt: skip
+
+
 def full_plan(w, seq_lens: list[int], nkv: int) -> None:
     """The backend's plan() call for a decode replay (FlashInferAttnBackend._plan)."""
     layout = paged_layout(seq_lens, [1] * len(seq_lens), len(seq_lens))
@@ -95,7 +129,7 @@ def test_lean_replan_calls_the_module_like_plan(monkeypatch, use_tc):
     lean._jit_module = None  # as built without a JIT variant: plan() kept the module
     lean._cached_module = lean_rec = Recorder()
     assert flashinfer_replan.supported(lean, version="0.6.18")
-    replanner = flashinfer_replan.DecodeReplanner(NQ, nkv, HEAD_DIM, torch.bfloat16)
+    replanner = flashinfer_replan.GraphReplanner(NQ, nkv, HEAD_DIM, torch.bfloat16)
     for seq_lens in ([5, 40, 300], [17, 2, 130], [1, 1, 4096 - 2]):
         full_plan(full, seq_lens, nkv)
         layout = paged_layout(seq_lens, [1] * BS, BS)
@@ -107,6 +141,41 @@ def test_lean_replan_calls_the_module_like_plan(monkeypatch, use_tc):
             assert lean._max_kv_len == full._max_kv_len == max(seq_lens)
     with pytest.raises(ValueError, match="batch size 3"):
         replanner.replan(lean, torch.zeros(BS + 2, dtype=torch.int32))
+
+
+def test_lean_prefill_replan_calls_the_module_like_plan(monkeypatch):
+    rows, nkv = 12, 2  # the graph's token rows (verify of up to 4 tokens per request)
+    full = prefill_graph_wrapper(monkeypatch, rows)
+    lean = prefill_graph_wrapper(monkeypatch, rows)
+    capture = ([4] * BS, [4] * BS)  # every request computes 4 tokens from position 0
+    full_prefill_plan(full, *capture, rows, nkv)
+    full_prefill_plan(lean, *capture, rows, nkv)
+    lean._jit_module = None
+    lean._cached_module = lean_rec = Recorder()
+    assert flashinfer_replan.supported(lean, version="0.6.18")
+    replanner = flashinfer_replan.GraphReplanner(NQ, nkv, HEAD_DIM, torch.bfloat16)
+    steps = [  # (seq_lens, extend lens): ragged verify, one padded row, a prefill chunk
+        ([9, 22, 35], [1, 3, 2]),
+        ([4, 61, 8], [1, 4, 4]),
+        ([300, 2, 1000], [2, 2, 4]),
+    ]
+    for seq_lens, ext in steps:
+        full_prefill_plan(full, seq_lens, ext, rows, nkv)
+        layout = paged_layout(seq_lens, ext, rows)
+        replanner.replan_prefill(lean, layout.qo_indptr, layout.kv_indptr)
+        assert same_args(lean_rec.calls[-1], full._jit_module.calls[-1])
+        for buf in ("_qo_indptr_buf", "_paged_kv_indptr_buf"):
+            assert torch.equal(getattr(lean, buf), getattr(full, buf)), buf
+        # the KV lengths: the first BS entries (the rest of the buffer is never written)
+        assert torch.equal(lean._kv_lens_buffer[:BS], full._kv_lens_buffer[:BS])
+        assert (lean._max_q_len, lean._max_kv_len, lean._qo_indptr_last) == (
+            full._max_q_len,
+            full._max_kv_len,
+            full._qo_indptr_last,
+        )
+    with pytest.raises(ValueError, match="query rows exceed"):
+        layout = paged_layout([20, 20, 20], [1, 1, 1], rows + 1)
+        replanner.replan_prefill(lean, layout.qo_indptr, layout.kv_indptr)
 
 
 def test_supported_only_for_planned_graph_wrappers_of_checked_versions(monkeypatch):

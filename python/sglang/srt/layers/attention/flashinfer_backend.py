@@ -145,10 +145,10 @@ class FlashInferAttnBackend(AttentionBackend):
         self._graph: _GraphBuffers | None = None
         # (bs, num_tokens) -> (CUDA-graph wrapper, is_decode)
         self._graph_wrappers: dict[tuple[int, int], tuple[Any, bool]] = {}
-        # SGLANG_FLASHINFER_LEAN_PLAN: decode graph replays re-plan through flashinfer_replan
+        # SGLANG_FLASHINFER_LEAN_PLAN: graph replays re-plan through flashinfer_replan
         self._lean = flashinfer_replan.lean_plan_enabled()
-        self._replanner: flashinfer_replan.DecodeReplanner | None = None
-        self._lean_ok: dict[Any, bool] = {}  # graph decode wrapper -> supported, once planned
+        self._replanner: flashinfer_replan.GraphReplanner | None = None
+        self._lean_ok: dict[Any, bool] = {}  # graph wrapper -> supported, once planned
 
     # ------------------------------------------------------------------ eager
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -221,8 +221,8 @@ class FlashInferAttnBackend(AttentionBackend):
 
         plan() writes its schedule into the wrapper's pinned host buffer and uploads it with an
         async copy; wait until the previous plan's upload of this wrapper has run before the
-        buffer is rewritten (the CPU may run ahead of the GPU). A CUDA-graph decode wrapper
-        (`graph`) that plan() ran on once is re-planned by flashinfer_replan instead when
+        buffer is rewritten (the CPU may run ahead of the GPU). A CUDA-graph wrapper (`graph`)
+        that plan() ran on once is re-planned by flashinfer_replan instead when
         SGLANG_FLASHINFER_LEAN_PLAN=1 (kv_indices is then already the wrapper's own buffer,
         filled in place)."""
         check_dtype(pool.dtype)
@@ -234,22 +234,26 @@ class FlashInferAttnBackend(AttentionBackend):
         if previous is not None:
             previous.synchronize()
         kw = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype, sm_scale=self._sm_scale)
-        if graph and is_decode and self._lean_ok.get(wrapper, False):
+        if graph and self._lean_ok.get(wrapper, False):
             if self._replanner is None:
-                self._replanner = flashinfer_replan.DecodeReplanner(nq, nkv, d, pool.dtype)
-            self._replanner.replan(wrapper, layout.kv_indptr)
-        elif is_decode:
-            wrapper.plan(
-                layout.kv_indptr, kv_indices, layout.last_page_len, nq, nkv, d, 1,
-                non_blocking=True, **kw,
-            )  # fmt: skip
+                self._replanner = flashinfer_replan.GraphReplanner(nq, nkv, d, pool.dtype)
+            if is_decode:
+                self._replanner.replan(wrapper, layout.kv_indptr)
+            else:
+                self._replanner.replan_prefill(wrapper, layout.qo_indptr, layout.kv_indptr)
+        else:
+            if is_decode:
+                wrapper.plan(
+                    layout.kv_indptr, kv_indices, layout.last_page_len, nq, nkv, d, 1,
+                    non_blocking=True, **kw,
+                )  # fmt: skip
+            else:
+                wrapper.plan(
+                    layout.qo_indptr, layout.kv_indptr, kv_indices, layout.last_page_len,
+                    nq, nkv, d, 1, causal=True, non_blocking=True, **kw,
+                )  # fmt: skip
             if graph and self._lean:  # later replays of this wrapper may re-plan lean
                 self._lean_ok[wrapper] = flashinfer_replan.supported(wrapper)
-        else:
-            wrapper.plan(
-                layout.qo_indptr, layout.kv_indptr, kv_indices, layout.last_page_len,
-                nq, nkv, d, 1, causal=True, non_blocking=True, **kw,
-            )  # fmt: skip
         event = torch.cuda.Event()
         event.record()
         self._plan_events[id(wrapper)] = event

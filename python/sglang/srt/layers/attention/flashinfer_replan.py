@@ -1,28 +1,31 @@
-"""A lean re-plan of a FlashInfer CUDA-graph decode wrapper before each replay.
+"""A lean re-plan of FlashInfer CUDA-graph wrappers before each replay.
 
-Why: a decode graph replays FlashInfer kernels whose schedule lives in device memory (the
-wrapper's int workspace), so every replay must re-plan for the step's lengths first.
-`BatchDecodeWithPagedKVCacheWrapper.plan()` does that plus checks and copies a replay does not
-need: it copies the page list into the wrapper's buffer (ours is filled in place by
-fill_kv_indices), the last-page lengths (all ones with one-token pages, set at capture),
-rebuilds host tensors, recomputes lengths with torch calls and canonicalises dtypes. On the
-H200 host py-spy put that Python at 16% of a SmolLM2 batch-1 server's scheduler time
-(`serve_pyspy_c1_h200_s14.json`, FlashInferAttnBackend._plan) and 5% at c = 256
-(`serve_pyspy_c256_h200_s16.json`), in a step that is host-bound. Upstream SGLang replaces the
-same call on its replay path for the same reason (its `fast_decode_plan`).
+Why: a graph replays FlashInfer kernels whose schedule lives in device memory (the wrapper's
+int workspace), so every replay must re-plan for the step's lengths first. The wrappers'
+plan() does that plus checks and copies a replay does not need: it copies the page list into
+the wrapper's buffer (ours is filled in place by fill_kv_indices), the last-page lengths (all
+ones with one-token pages, set at capture), rebuilds host tensors, recomputes lengths with
+torch calls and canonicalises dtypes. On the H200 host py-spy put the decode plan() at 16% of
+a SmolLM2 batch-1 server's scheduler time (`serve_pyspy_c1_h200_s14.json`,
+FlashInferAttnBackend._plan) and 5% at c = 256 (`serve_pyspy_c256_h200_s16.json`), in a step
+that is host-bound. Upstream SGLang replaces the decode call on its replay path for the same
+reason (its `fast_decode_plan`).
 
-What a replay needs, and all this does: the step's kv_indptr in the wrapper's device buffer
-(the kernels read it) and the wrapper module's C++ plan over the host indptr (and, with tensor
-cores, the host KV lengths), which writes the schedule to the pinned int workspace and queues
-its copy to the device. The arguments mirror flashinfer-python 0.6.18's plan() for a wrapper
-created with use_cuda_graph=True, page size 1, no sliding window, no soft cap and the fa2
+What a replay needs, and all this does:
+- decode (BatchDecodeWithPagedKVCacheWrapper): the step's kv_indptr in the wrapper's device
+  buffer (the kernels read it) and the wrapper module's C++ plan over the host indptr (with
+  tensor cores: the prefill module's plan, also over the host KV lengths);
+- prefill / verify (BatchPrefillWithPagedKVCacheWrapper, causal): qo_indptr, kv_indptr and the
+  KV lengths in the wrapper's device buffers, and the C++ plan over their host copies.
+The C++ plan writes the schedule to the pinned int workspace and queues its copy to the
+device. The arguments mirror flashinfer-python 0.6.18's plan() for wrappers created with
+use_cuda_graph=True, page size 1, no sliding window, no soft cap, no custom mask and the fa2
 backend, the only wrappers the backend makes; `supported` checks that a wrapper is such a one
 and that the installed FlashInfer is a version this was checked against (VALIDATED_VERSIONS),
 else the backend keeps calling plan().
 
 Opt-in with SGLANG_FLASHINFER_LEAN_PLAN=1 until the GPU tests of test_flashinfer_backend.py
-(lean and full plans give the same schedule and the same attention output) have run on the
-H200.
+(lean replays give the reference outputs) have run on the H200.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from sglang.srt.server_args import env_flag
 
 VALIDATED_VERSIONS = ("0.6.18",)
 
-# What plan() leaves on a CUDA-graph decode wrapper that the lean re-plan reads.
+# What plan() leaves on a CUDA-graph wrapper that the lean re-plan reads.
 _NEEDED = (
     "_cached_module",
     "_float_workspace_buffer",
@@ -44,8 +47,8 @@ _NEEDED = (
     "_pin_memory_int_workspace_buffer",
     "_paged_kv_indptr_buf",
     "_fixed_batch_size",
-    "use_tensor_cores",
 )
+_NEEDED_PREFILL = ("_qo_indptr_buf", "_kv_lens_buffer", "_max_total_num_rows")
 
 
 def lean_plan_enabled() -> bool:
@@ -66,28 +69,34 @@ def flashinfer_version() -> str | None:
 
 
 def supported(wrapper: Any, version: str | None = None) -> bool:
-    """True when `wrapper` is a CUDA-graph decode wrapper that plan() has run on once (its
-    module is built), of the fa2 backend without a JIT variant, under a FlashInfer version in
-    VALIDATED_VERSIONS (version: the installed one when None)."""
+    """True when `wrapper` is a CUDA-graph decode or prefill wrapper that plan() has run on once
+    (its module is built), of the fa2 backend without a JIT variant, sliding window, soft cap
+    or custom mask, under a FlashInfer version in VALIDATED_VERSIONS (version: the installed
+    one when None)."""
     version = flashinfer_version() if version is None else version
+    prefill = not hasattr(wrapper, "use_tensor_cores")  # the decode wrapper's property
+    needed = _NEEDED + (_NEEDED_PREFILL if prefill else ())
     return (
         version in VALIDATED_VERSIONS
         and bool(getattr(wrapper, "is_cuda_graph_enabled", False))
-        and all(getattr(wrapper, name, None) is not None for name in _NEEDED)
-        and getattr(wrapper, "_backend", "fa2") in ("fa2", "auto")
+        and all(getattr(wrapper, name, None) is not None for name in needed)
+        and getattr(wrapper, "_backend", "fa2") == "fa2"
         and getattr(wrapper, "_jit_module", None) is None
         and getattr(wrapper, "_window_left", -1) == -1
         and not getattr(wrapper, "_logits_soft_cap", 0.0)
+        and getattr(wrapper, "_custom_mask_buf", None) is None
+        and (not prefill or getattr(wrapper, "_causal", False))
     )
 
 
-class DecodeReplanner:
-    """Re-plans CUDA-graph decode wrappers for a replay (see the module docstring).
+class GraphReplanner:
+    """Re-plans CUDA-graph wrappers for a replay (see the module docstring).
 
-    Args: num_qo_heads, num_kv_heads, head_dim, dtype (q and KV; the wrapper was planned with
-    them at capture). Call `replan(wrapper, kv_indptr)` with kv_indptr the step's [bs + 1]
-    int32 CPU page offsets (PagedLayout.kv_indptr), bs being the wrapper's fixed batch size;
-    raises ValueError for another length.
+    Args: num_qo_heads, num_kv_heads, head_dim, dtype (q and KV; the wrappers were planned
+    with them at capture). `replan(wrapper, kv_indptr)` for a decode wrapper,
+    `replan_prefill(wrapper, qo_indptr, kv_indptr)` for a causal prefill / verify one: the
+    step's [bs + 1] int32 CPU query-row and page offsets (PagedLayout), bs being the wrapper's
+    fixed batch size; both raise ValueError for another length.
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, dtype) -> None:
@@ -96,13 +105,19 @@ class DecodeReplanner:
         self._empty = torch.empty(0, dtype=dtype)
         self._qo_indptr: dict[int, torch.Tensor] = {}  # bs -> arange(bs + 1) int32, host
 
-    def replan(self, wrapper: Any, kv_indptr: torch.Tensor) -> None:
+    @staticmethod
+    def _batch_size(wrapper: Any, *indptrs: torch.Tensor) -> int:
         bs = wrapper._fixed_batch_size
-        if kv_indptr.numel() != bs + 1:
-            raise ValueError(
-                f"lean re-plan: kv_indptr has {kv_indptr.numel()} entries, the graph wrapper "
-                f"is for batch size {bs}"
-            )
+        for t in indptrs:
+            if t.numel() != bs + 1:
+                raise ValueError(
+                    f"lean re-plan: an indptr has {t.numel()} entries, the graph wrapper is "
+                    f"for batch size {bs}"
+                )
+        return bs
+
+    def replan(self, wrapper: Any, kv_indptr: torch.Tensor) -> None:
+        bs = self._batch_size(wrapper, kv_indptr)
         # the kernels read the page offsets from the wrapper's device buffer
         wrapper._paged_kv_indptr_buf.copy_(kv_indptr, non_blocking=True)
         ws = (
@@ -129,3 +144,30 @@ class DecodeReplanner:
                 -1, 0.0,  # window_left, logits_soft_cap
                 self.d, self.d, self._empty, self._empty,
             )  # fmt: skip
+
+    def replan_prefill(
+        self, wrapper: Any, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor
+    ) -> None:
+        bs = self._batch_size(wrapper, qo_indptr, kv_indptr)
+        qo, kv = qo_indptr.numpy(), kv_indptr.numpy()
+        kv_lens = torch.from_numpy(np.diff(kv).astype(np.int32))
+        wrapper._qo_indptr_buf.copy_(qo_indptr, non_blocking=True)
+        wrapper._paged_kv_indptr_buf.copy_(kv_indptr, non_blocking=True)
+        wrapper._kv_lens_buffer[:bs].copy_(kv_lens, non_blocking=True)
+        rows = int(qo[-1])
+        if rows > wrapper._max_total_num_rows:
+            raise ValueError(
+                f"lean re-plan: {rows} query rows exceed the graph's {wrapper._max_total_num_rows}"
+            )
+        wrapper._qo_indptr_last = rows
+        wrapper._max_q_len = int(np.diff(qo).max()) if bs else 0
+        wrapper._max_kv_len = int(kv_lens.max()) if bs else 0
+        wrapper._plan_info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer,
+            wrapper._int_workspace_buffer,
+            wrapper._pin_memory_int_workspace_buffer,
+            qo_indptr, kv_indptr, kv_lens,
+            wrapper._max_total_num_rows, bs, self.nq, self.nkv, 1, True, self.d, self.d,
+            True, -1,  # causal, window_left
+            -1, False, 0, 0,  # fixed_split_size, disable_split_kv, colocated CTAs, q len
+        )  # fmt: skip
