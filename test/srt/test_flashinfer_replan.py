@@ -201,3 +201,38 @@ def test_the_flag_reads_0_or_1(monkeypatch):
     monkeypatch.setenv("SGLANG_FLASHINFER_LEAN_PLAN", "yes")
     with pytest.raises(ValueError, match="SGLANG_FLASHINFER_LEAN_PLAN"):
         flashinfer_replan.lean_plan_enabled()
+
+
+@pytest.mark.parametrize("kind", ["decode", "decode_tensor_cores", "prefill"])
+def test_plan_inputs_give_plan_what_it_computed_itself(monkeypatch, kind):
+    """The backend's plan() now reads plan_inputs (pinned on CUDA; KV lengths passed as
+    seq_lens): FlashInfer must plan exactly as from the layout's own tensors."""
+    nkv, rows = 2, 12
+    seq_lens, ext = ([5, 40, 300], [1, 1, 1]) if kind != "prefill" else ([9, 22, 35], [1, 3, 2])
+    if kind == "prefill":
+        a, b = (prefill_graph_wrapper(monkeypatch, rows) for _ in range(2))
+    else:
+        a, b = (graph_wrapper(monkeypatch, kind == "decode_tensor_cores") for _ in range(2))
+    layout = paged_layout(seq_lens, ext, rows if kind == "prefill" else BS)
+    host = flashinfer_replan.plan_inputs(layout, pin=False)
+    pages = layout.kv_indptr[1:] - layout.kv_indptr[:-1]  # the padded rows' pages: the last's
+    assert torch.equal(host.kv_lens, pages)
+    kw = dict(non_blocking=True, q_data_type=torch.bfloat16, sm_scale=0.125)
+    if kind == "prefill":
+        full_prefill_plan(a, seq_lens, ext, rows, nkv)
+        b.plan(
+            host.qo_indptr, host.kv_indptr, b._paged_kv_indices_buf[: layout.num_pages],
+            host.last_page_len, NQ, nkv, HEAD_DIM, 1, causal=True, seq_lens=host.kv_lens, **kw,
+        )  # fmt: skip
+        bufs = ("_qo_indptr_buf", "_paged_kv_indptr_buf")
+        assert torch.equal(a._kv_lens_buffer[:BS], b._kv_lens_buffer[:BS])
+    else:
+        full_plan(a, seq_lens, nkv)
+        b.plan(
+            host.kv_indptr, b._paged_kv_indices_buf[: layout.num_pages], host.last_page_len,
+            NQ, nkv, HEAD_DIM, 1, **kw,
+        )  # fmt: skip
+        bufs = ("_paged_kv_indptr_buf", "_paged_kv_last_page_len_buf")
+    assert same_args(a._jit_module.calls[-1], b._jit_module.calls[-1])
+    for buf in bufs:
+        assert torch.equal(getattr(a, buf), getattr(b, buf)), buf

@@ -221,10 +221,11 @@ class FlashInferAttnBackend(AttentionBackend):
 
         plan() writes its schedule into the wrapper's pinned host buffer and uploads it with an
         async copy; wait until the previous plan's upload of this wrapper has run before the
-        buffer is rewritten (the CPU may run ahead of the GPU). A CUDA-graph wrapper (`graph`)
-        that plan() ran on once is re-planned by flashinfer_replan instead when
-        SGLANG_FLASHINFER_LEAN_PLAN=1 (kv_indices is then already the wrapper's own buffer,
-        filled in place)."""
+        buffer is rewritten (the CPU may run ahead of the GPU). Its inputs are passed in pinned
+        memory (flashinfer_replan.plan_inputs), so its own uploads do not wait for the GPU.
+        A CUDA-graph wrapper (`graph`) that plan() ran on once is re-planned by
+        flashinfer_replan instead when SGLANG_FLASHINFER_LEAN_PLAN=1 (kv_indices is then
+        already the wrapper's own buffer, filled in place)."""
         check_dtype(pool.dtype)
         check_head_dim(pool.head_dim)
         nq, nkv, d = self.num_qo_heads, pool.head_num, pool.head_dim
@@ -242,15 +243,17 @@ class FlashInferAttnBackend(AttentionBackend):
             else:
                 self._replanner.replan_prefill(wrapper, layout.qo_indptr, layout.kv_indptr)
         else:
+            host = flashinfer_replan.plan_inputs(layout, pin=True)  # no stream sync in plan()
             if is_decode:
                 wrapper.plan(
-                    layout.kv_indptr, kv_indices, layout.last_page_len, nq, nkv, d, 1,
+                    host.kv_indptr, kv_indices, host.last_page_len, nq, nkv, d, 1,
                     non_blocking=True, **kw,
                 )  # fmt: skip
             else:
                 wrapper.plan(
-                    layout.qo_indptr, layout.kv_indptr, kv_indices, layout.last_page_len,
-                    nq, nkv, d, 1, causal=True, non_blocking=True, **kw,
+                    host.qo_indptr, host.kv_indptr, kv_indices, host.last_page_len,
+                    nq, nkv, d, 1, causal=True, non_blocking=True, seq_lens=host.kv_lens,
+                    **kw,
                 )  # fmt: skip
             if graph and self._lean:  # later replays of this wrapper may re-plan lean
                 self._lean_ok[wrapper] = flashinfer_replan.supported(wrapper)

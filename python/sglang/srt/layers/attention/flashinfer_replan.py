@@ -30,11 +30,13 @@ Opt-in with SGLANG_FLASHINFER_LEAN_PLAN=1 until the GPU tests of test_flashinfer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from sglang.srt.layers.attention.paged_layout import PagedLayout
 from sglang.srt.server_args import env_flag
 
 VALIDATED_VERSIONS = ("0.6.18",)
@@ -89,6 +91,50 @@ def supported(wrapper: Any, version: str | None = None) -> bool:
     )
 
 
+@dataclass
+class PlanInputs:
+    """The host tensors a plan() of one step reads ([bs + 1] / [bs] int32, on the CPU)."""
+
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    last_page_len: torch.Tensor
+    kv_lens: torch.Tensor  # kv_indptr's differences (page size 1), passed as seq_lens
+
+
+_PINNED_ONES: dict[int, torch.Tensor] = {}
+
+
+def plan_inputs(layout: PagedLayout, pin: bool) -> PlanInputs:
+    """layout's host tensors for plan(), in pinned memory when `pin` (a CUDA backend).
+
+    Why: plan() copies its indptrs, last-page lengths and (prefill) KV lengths to the device
+    with non_blocking copies. From pageable memory CUDA may stage such a copy by synchronising
+    with the stream (CUDA runtime API, "API synchronization behavior"), i.e. the host waits for
+    the step in flight, which is what overlap scheduling exists to avoid; from pinned memory
+    the copy is queued. Passing the KV lengths as seq_lens gives plan() the values it would
+    compute (get_seq_lens of one-token pages) without a pageable temporary."""
+    kv_lens = torch.from_numpy(np.diff(layout.kv_indptr.numpy()).astype(np.int32))
+    qo, kv, last = layout.qo_indptr, layout.kv_indptr, layout.last_page_len
+    if pin:
+        n = last.numel()
+        ones = _PINNED_ONES.get(n)
+        if ones is None:
+            ones = _PINNED_ONES[n] = last.pin_memory()  # all ones, never written
+        qo, kv, last, kv_lens = qo.pin_memory(), kv.pin_memory(), ones, kv_lens.pin_memory()
+    return PlanInputs(qo, kv, last, kv_lens)
+
+
+def _upload(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[:] = src (a CPU tensor) without making the host wait for the device: into a CUDA
+    buffer through pinned memory (one asynchronous copy, ordered on the current stream; the
+    caching host allocator keeps the pinned block until the copy ran). plan() copies from
+    pageable memory, which CUDA may stage by synchronising with the stream, i.e. wait for the
+    step in flight (CUDA runtime API, "API synchronization behavior")."""
+    if dst.is_cuda:
+        src = src.pin_memory()
+    dst.copy_(src, non_blocking=True)
+
+
 class GraphReplanner:
     """Re-plans CUDA-graph wrappers for a replay (see the module docstring).
 
@@ -119,7 +165,7 @@ class GraphReplanner:
     def replan(self, wrapper: Any, kv_indptr: torch.Tensor) -> None:
         bs = self._batch_size(wrapper, kv_indptr)
         # the kernels read the page offsets from the wrapper's device buffer
-        wrapper._paged_kv_indptr_buf.copy_(kv_indptr, non_blocking=True)
+        _upload(wrapper._paged_kv_indptr_buf, kv_indptr)
         ws = (
             wrapper._float_workspace_buffer,
             wrapper._int_workspace_buffer,
@@ -151,9 +197,9 @@ class GraphReplanner:
         bs = self._batch_size(wrapper, qo_indptr, kv_indptr)
         qo, kv = qo_indptr.numpy(), kv_indptr.numpy()
         kv_lens = torch.from_numpy(np.diff(kv).astype(np.int32))
-        wrapper._qo_indptr_buf.copy_(qo_indptr, non_blocking=True)
-        wrapper._paged_kv_indptr_buf.copy_(kv_indptr, non_blocking=True)
-        wrapper._kv_lens_buffer[:bs].copy_(kv_lens, non_blocking=True)
+        _upload(wrapper._qo_indptr_buf, qo_indptr)
+        _upload(wrapper._paged_kv_indptr_buf, kv_indptr)
+        _upload(wrapper._kv_lens_buffer[:bs], kv_lens)
         rows = int(qo[-1])
         if rows > wrapper._max_total_num_rows:
             raise ValueError(
