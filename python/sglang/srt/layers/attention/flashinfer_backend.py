@@ -147,7 +147,8 @@ class FlashInferAttnBackend(AttentionBackend):
         self._graph_wrappers: dict[tuple[int, int], tuple[Any, bool]] = {}
         # SGLANG_FLASHINFER_LEAN_PLAN: graph replays re-plan through flashinfer_replan
         self._lean = flashinfer_replan.lean_plan_enabled()
-        self._replanner: flashinfer_replan.GraphReplanner | None = None
+        # (q heads, KV heads, head_dim, dtype) -> its re-planner
+        self._replanners: dict[tuple, flashinfer_replan.GraphReplanner] = {}
         self._lean_ok: dict[Any, bool] = {}  # graph wrapper -> supported, once planned
 
     # ------------------------------------------------------------------ eager
@@ -236,14 +237,17 @@ class FlashInferAttnBackend(AttentionBackend):
             previous.synchronize()
         kw = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype, sm_scale=self._sm_scale)
         if graph and self._lean_ok.get(wrapper, False):
-            if self._replanner is None:
-                self._replanner = flashinfer_replan.GraphReplanner(nq, nkv, d, pool.dtype)
+            shape = (nq, nkv, d, pool.dtype)  # what the wrapper was planned for at capture
+            replanner = self._replanners.get(shape)
+            if replanner is None:
+                replanner = self._replanners[shape] = flashinfer_replan.GraphReplanner(*shape)
             if is_decode:
-                self._replanner.replan(wrapper, layout.kv_indptr)
+                replanner.replan(wrapper, layout.kv_indptr)
             else:
-                self._replanner.replan_prefill(wrapper, layout.qo_indptr, layout.kv_indptr)
+                replanner.replan_prefill(wrapper, layout.qo_indptr, layout.kv_indptr)
         else:
-            host = flashinfer_replan.plan_inputs(layout, pin=True)  # no stream sync in plan()
+            # pinned: plan()'s own uploads then do not wait for the GPU
+            host = flashinfer_replan.plan_inputs(layout, pin=True, is_decode=is_decode)
             if is_decode:
                 wrapper.plan(
                     host.kv_indptr, kv_indices, host.last_page_len, nq, nkv, d, 1,
@@ -255,8 +259,8 @@ class FlashInferAttnBackend(AttentionBackend):
                     nq, nkv, d, 1, causal=True, non_blocking=True, seq_lens=host.kv_lens,
                     **kw,
                 )  # fmt: skip
-            if graph and self._lean:  # later replays of this wrapper may re-plan lean
-                self._lean_ok[wrapper] = flashinfer_replan.supported(wrapper)
+            if graph and self._lean and wrapper not in self._lean_ok:  # later replays may
+                self._lean_ok[wrapper] = flashinfer_replan.supported(wrapper)  # re-plan lean
         event = torch.cuda.Event()
         event.record()
         self._plan_events[id(wrapper)] = event

@@ -78,16 +78,21 @@ def supported(wrapper: Any, version: str | None = None) -> bool:
     version = flashinfer_version() if version is None else version
     prefill = not hasattr(wrapper, "use_tensor_cores")  # the decode wrapper's property
     needed = _NEEDED + (_NEEDED_PREFILL if prefill else ())
+    missing = object()
+
+    def attr(name: str) -> Any:
+        return getattr(wrapper, name, missing)
+
     return (
         version in VALIDATED_VERSIONS
-        and bool(getattr(wrapper, "is_cuda_graph_enabled", False))
-        and all(getattr(wrapper, name, None) is not None for name in needed)
-        and getattr(wrapper, "_backend", "fa2") == "fa2"
-        and getattr(wrapper, "_jit_module", None) is None
-        and getattr(wrapper, "_window_left", -1) == -1
-        and not getattr(wrapper, "_logits_soft_cap", 0.0)
-        and getattr(wrapper, "_custom_mask_buf", None) is None
-        and (not prefill or getattr(wrapper, "_causal", False))
+        and attr("is_cuda_graph_enabled") is True
+        and all(attr(name) not in (None, missing) for name in needed)
+        and attr("_backend") == "fa2"
+        and attr("_jit_module") is None
+        and attr("_window_left") == -1
+        and attr("_logits_soft_cap") == 0.0
+        and (attr("_custom_mask_buf") is None if prefill else True)
+        and (attr("_causal") is True if prefill else attr("_q_len_per_req") == 1)
     )
 
 
@@ -104,8 +109,9 @@ class PlanInputs:
 _PINNED_ONES: dict[int, torch.Tensor] = {}
 
 
-def plan_inputs(layout: PagedLayout, pin: bool) -> PlanInputs:
-    """layout's host tensors for plan(), in pinned memory when `pin` (a CUDA backend).
+def plan_inputs(layout: PagedLayout, pin: bool, is_decode: bool = False) -> PlanInputs:
+    """layout's host tensors for plan(), in pinned memory when `pin` (a CUDA backend); for a
+    decode plan (`is_decode`) only those it uploads (kv_indptr, last_page_len) are pinned.
 
     Why: plan() copies its indptrs, last-page lengths and (prefill) KV lengths to the device
     with non_blocking copies. From pageable memory CUDA may stage such a copy by synchronising
@@ -120,7 +126,9 @@ def plan_inputs(layout: PagedLayout, pin: bool) -> PlanInputs:
         ones = _PINNED_ONES.get(n)
         if ones is None:
             ones = _PINNED_ONES[n] = last.pin_memory()  # all ones, never written
-        qo, kv, last, kv_lens = qo.pin_memory(), kv.pin_memory(), ones, kv_lens.pin_memory()
+        kv, last = kv.pin_memory(), ones
+        if not is_decode:
+            qo, kv_lens = qo.pin_memory(), kv_lens.pin_memory()
     return PlanInputs(qo, kv, last, kv_lens)
 
 
@@ -196,15 +204,16 @@ class GraphReplanner:
     ) -> None:
         bs = self._batch_size(wrapper, qo_indptr, kv_indptr)
         qo, kv = qo_indptr.numpy(), kv_indptr.numpy()
-        kv_lens = torch.from_numpy(np.diff(kv).astype(np.int32))
-        _upload(wrapper._qo_indptr_buf, qo_indptr)
-        _upload(wrapper._paged_kv_indptr_buf, kv_indptr)
-        _upload(wrapper._kv_lens_buffer[:bs], kv_lens)
         rows = int(qo[-1])
         if rows > wrapper._max_total_num_rows:
             raise ValueError(
                 f"lean re-plan: {rows} query rows exceed the graph's {wrapper._max_total_num_rows}"
             )
+        kv_lens = torch.from_numpy(np.diff(kv).astype(np.int32))
+        _upload(wrapper._qo_indptr_buf, qo_indptr)
+        _upload(wrapper._paged_kv_indptr_buf, kv_indptr)
+        # read by none of the fa2 kernels, kept as plan() leaves it
+        _upload(wrapper._kv_lens_buffer[:bs], kv_lens)
         wrapper._qo_indptr_last = rows
         wrapper._max_q_len = int(np.diff(qo).max()) if bs else 0
         wrapper._max_kv_len = int(kv_lens.max()) if bs else 0
