@@ -47,7 +47,7 @@
 #                                    # (default 30) from the first finished point on
 #   bash scripts/gpu_diagnose.sh FL  # the lean FlashInfer decode re-plan: its CPU cross-check and
 #                                    # GPU replay tests, then SmolLM2 overlap decode steps at
-#                                    # batch FL_BS (default 1 64) with SGLANG_FLASHINFER_LEAN_PLAN
+#                                    # batch FL_BS (default 1) with SGLANG_FLASHINFER_LEAN_PLAN
 #                                    # = 0, 1, 1, 0 (ABBA, a fresh process each)
 #   bash scripts/gpu_diagnose.sh H   # which host calls of a decode step wait for the GPU:
 #                                    # probe_host_waits.py, SmolLM2 in-process, plain and
@@ -256,8 +256,13 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       test/srt/test_flashinfer_backend.py -k "replan or lean or replay" -q -p no:cacheprovider \
       -rf --tb=short > "$D/gpu_validate_lean_plan_$TAG.log" 2>&1
     echo "lean plan tests rc=$?"; tail -3 "$D/gpu_validate_lean_plan_$TAG.log"
+    # the engine with lean replays: graph and eager greedy outputs equal (plain and EAGLE-3)
+    SGLANG_FLASHINFER_LEAN_PLAN=1 timeout -k 5 "$(box 150)" python3 -m pytest \
+      test/srt/test_cuda_graph_runner.py -k "flashinfer" -q -p no:cacheprovider -rf \
+      --tb=short >> "$D/gpu_validate_lean_plan_$TAG.log" 2>&1
+    echo "lean engine tests rc=$?"; tail -3 "$D/gpu_validate_lean_plan_$TAG.log"
     cp "$D/gpu_validate_lean_plan_$TAG.log" "$OUT"/
-    for bs in ${FL_BS:-1 64}; do  # in-process overlap steps, plain server, lean off / on / on / off
+    for bs in ${FL_BS:-1}; do  # in-process overlap steps, plain server, lean off / on / on / off
       i=0
       for lean in 0 1 1 0; do
         SGLANG_FLASHINFER_LEAN_PLAN=$lean profile \
