@@ -54,7 +54,7 @@ _NEEDED_PREFILL = ("_qo_indptr_buf", "_kv_lens_buffer", "_max_total_num_rows")
 
 
 def lean_plan_enabled() -> bool:
-    """SGLANG_FLASHINFER_LEAN_PLAN: "1" uses the lean re-plan for CUDA-graph decode replays;
+    """SGLANG_FLASHINFER_LEAN_PLAN: "1" uses the lean re-plan for CUDA-graph replays;
     unset or "0" keeps plan(). Raises ValueError naming the variable on any other value."""
     raw = env_flag("FLASHINFER_LEAN_PLAN", "0").strip()
     if raw not in ("0", "1"):
