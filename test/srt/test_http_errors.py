@@ -168,7 +168,7 @@ def test_top_logprobs_num_capped_like_openai(server):
 HUGE = [  # (path, raw body, field, the range the message must quote)
     (COMP, b'{"prompt": "hi", "max_tokens": 1e20}', "max_tokens", ">= 0, got 1e+20"),
     (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e20}', "max_tokens",
-     ">= 0, got 1e+20"),
+     ">= 1, got 1e+20"),
     (GEN, b'{"text": "hi", "sampling_params": {"max_new_tokens": 1e20}}', "max_new_tokens",
      ">= 0, got 1e+20"),
     (COMP, b'{"prompt": "hi", "top_k": 1e20}', "top_k", ">= -1, got 1e+20"),
@@ -324,3 +324,79 @@ def test_queue_full_gives_503(server):
         else:
             assert body["meta_info"]["completion_tokens"] == 16
     assert requests.get(server.base_url + "/health_generate", timeout=60).status_code == 200
+
+
+def test_validation_messages_read_like_openai(server):
+    """pydantic's plumbing does not leak into messages: no "Value error, " prefix, one entry
+    per field for a value that fits no branch of a union, a model-level check names its
+    field, and a request without a body says so."""
+    err = _assert_openai_error(_send(server, COMP, comp(stop="")), 400, "stop")
+    assert "Value error" not in err["message"] and err["param"] == "stop"
+    body = comp(stream_options={"include_usage": True})
+    err = _assert_openai_error(_send(server, COMP, body), 400, "stream_options")
+    assert "Value error" not in err["message"] and err["param"] == "stream_options"
+    err = _assert_openai_error(_send(server, COMP, comp(prompt=123)), 400, "prompt")
+    assert err["message"].count("prompt:") == 1 and err["param"] == "prompt"
+    r = requests.post(server.base_url + COMP, headers=server.headers, timeout=60)
+    err = _assert_openai_error(r, 400, "body is missing")
+    assert err["param"] is None
+
+
+def test_engine_errors_use_the_routes_field_names(server):
+    """The OpenAI routes call the engine's min_new_tokens / max_new_tokens min_tokens /
+    max_tokens (max_completion_tokens on chat when given) in messages and param; /generate
+    keeps the engine's names."""
+    err = _assert_openai_error(_send(server, COMP, comp(min_tokens=5)), 400, "min_tokens")
+    assert "new_tokens" not in err["message"] and "max_tokens" in err["message"]
+    assert err["param"] == "min_tokens"
+    body = chat(max_tokens=None, max_completion_tokens=2, min_tokens=5)
+    err = _assert_openai_error(_send(server, CHAT, body), 400, "max_completion_tokens")
+    assert "new_tokens" not in err["message"]
+    err = _assert_openai_error(_send(server, GEN, gen(min_new_tokens=5)), 400, "min_new_tokens")
+    assert err["param"] == "min_new_tokens"
+
+
+def test_chat_max_tokens_must_be_positive(server):
+    """OpenAI's chat API refuses max_tokens 0; completions and /generate take it (scoring)."""
+    for field in ("max_tokens", "max_completion_tokens"):
+        body = chat(**{"max_tokens": None, field: 0})
+        err = _assert_openai_error(_send(server, CHAT, body), 400, field)
+        assert err["param"] == field
+    r = _send(server, COMP, comp(max_tokens=0, echo=True))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0
+
+
+def test_a_prompt_far_beyond_the_context_is_refused_before_tokenizing(server):
+    """A prompt of more characters than the context could hold in any tokenization is refused
+    from its length alone (context_length_exceeded, naming characters, not tokens): on every
+    text route, with the server serving on."""
+    huge = "hello world " * 200_000  # 2.4 M characters, > 2048 tokens * 81 chars * 4
+    for path, body, param in (
+        (COMP, comp(prompt=huge), "prompt"),
+        (CHAT, chat(messages=[{"role": "user", "content": huge}]), "messages"),
+        (GEN, {"text": huge, "sampling_params": {"max_new_tokens": 2}}, "prompt"),
+    ):
+        err = _assert_openai_error(_send(server, path, body), 400, "characters")
+        assert err["code"] == "context_length_exceeded" and err["param"] == param, path
+    r = _send(server, COMP, comp(temperature=0))
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_choices_of_one_request_share_its_response_id(server):
+    """With n > 1 every choice is its own engine request, but the response (and each stream
+    chunk) carries the request's one id, as OpenAI's: no choice suffix."""
+    r = _send(server, COMP, comp(n=2, temperature=0))
+    one = _send(server, COMP, comp(temperature=0)).json()["id"]
+    body = r.json()
+    assert len(body["choices"]) == 2 and not body["id"].endswith("-0")
+    assert len(body["id"]) == len(one)  # the same shape as a one-choice response's id
+    stream = requests.post(
+        server.base_url + CHAT, json=chat(n=2, stream=True), headers=server.headers,
+        stream=True, timeout=60,
+    )  # fmt: skip
+    ids = {
+        json.loads(line[6:])["id"]
+        for line in stream.iter_lines(decode_unicode=True)
+        if line.startswith("data: {")
+    }
+    assert len(ids) == 1 and not ids.pop().endswith("-0")

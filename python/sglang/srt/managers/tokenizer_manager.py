@@ -32,6 +32,8 @@ from sglang.srt.managers.request_validation import (
     check_logprob_params,
     check_n,
     check_prompt_length,
+    check_text_size,
+    max_token_chars,
 )
 from sglang.srt.managers.tokenizer_output import (
     ReqState,
@@ -54,12 +56,25 @@ class QueueFullError(RuntimeError):
     """Raised when --max-queued-requests requests are already waiting (HTTP 503)."""
 
 
+def choice_rid(rid: str, k: int) -> str:
+    """The request id of choice k of a request with n > 1 (each choice is its own request)."""
+    return f"{rid}-{k}"
+
+
+def response_rid(first_rid: str, n: int) -> str:
+    """The id of the request a response answers, from the rid of its first choice: with
+    n > 1 that is choice_rid(rid, 0), and OpenAI gives all choices one response id."""
+    suffix = choice_rid("", 0)
+    return first_rid[: -len(suffix)] if n > 1 and first_rid.endswith(suffix) else first_rid
+
+
 class TokenizerManager:
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, port_args) -> None:
         self.server_args = server_args
         self.model_config = model_config
         self.served_model_name = server_args.served_model_name
         self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.chat_template)
+        self.chars_per_token = max_token_chars(self.tokenizer)  # check_text_size's bound
         self.port_args = port_args
         # In-flight requests: added by _submit, updated by tokenizer_output.handle_batch_out,
         # removed by generate_request's exit or (abandoned ones) by handle_batch_out.
@@ -198,12 +213,17 @@ class TokenizerManager:
                 copy_ = copy.copy(item)
                 copy_.sampling_params = dict(sp)
                 if n > 1:
-                    copy_.rid = None if item.rid is None else f"{item.rid}-{k}"
+                    copy_.rid = None if item.rid is None else choice_rid(item.rid, k)
                     seed = sp.get("sampling_seed")
                     if isinstance(seed, int):
                         copy_.sampling_params["sampling_seed"] = (seed + 7919 * k) & SEED_MASK
                 out.append(copy_)
         return out
+
+    def check_text_size(self, text: str, param: str) -> None:
+        """Refuse a prompt text too long for the context before tokenizing it
+        (request_validation.check_text_size); param: the request field it came from."""
+        check_text_size(len(text), self.model_config.context_len, self.chars_per_token, param)
 
     def _tokenize(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         if obj.input_ids is not None:
@@ -221,6 +241,7 @@ class TokenizerManager:
             text = None
         elif isinstance(obj.text, str):
             text = obj.text
+            self.check_text_size(text, "prompt")
             ids = self.tokenizer.encode(text)
         else:
             raise ValueError("'text' must be a string or a list of strings")

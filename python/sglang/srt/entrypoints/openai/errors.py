@@ -94,8 +94,23 @@ def from_engine_exception(
     if isinstance(e, ContextLengthError):
         return OpenAIError(str(e), 400, param=e.param, code=e.code)
     if isinstance(e, (ValueError, TypeError)):
-        return OpenAIError(str(e), 400, param=param_named_in(str(e)))
+        msg = _route_names(str(e), max_tokens_field)
+        return OpenAIError(msg, 400, param=param_named_in(msg))
     raise e
+
+
+def _route_names(message: str, max_tokens_field: str) -> str:
+    """An engine message in the route's field names: the OpenAI routes (max_tokens_field
+    max_tokens / max_completion_tokens) call the engine's max_new_tokens, min_new_tokens and
+    sampling_seed max_tokens (or max_completion_tokens), min_tokens and seed; /generate
+    (max_new_tokens) keeps the engine's names."""
+    if max_tokens_field == "max_new_tokens":
+        return message
+    names = {"max_new_tokens": max_tokens_field, "min_new_tokens": "min_tokens"}
+    names["sampling_seed"] = "seed"
+    return re.sub(
+        r"\b(max_new_tokens|min_new_tokens|sampling_seed)\b", lambda m: names[m[1]], message
+    )
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -104,6 +119,7 @@ _REQUEST_FIELDS = {
     "max_tokens", "max_completion_tokens", "messages", "prompt", "model", "n", "logprobs",
     "top_logprobs", "stop", "logit_bias", "stream", "seed", "input_ids", "text", "echo",
     "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+    "stream_options", "min_tokens", "rid", "content",
 }  # fmt: skip
 
 
@@ -158,12 +174,32 @@ def validation_error_to_openai(exc: RequestValidationError) -> OpenAIError:
         return OpenAIError(
             "the request body must be a JSON object (Content-Type: application/json)", 400
         )
+    if param is None and first.get("type") == "missing":  # no body at all
+        return OpenAIError(
+            "the request body is missing: send a JSON object (Content-Type: application/json)",
+            400,
+        )
+    # One entry per field, in order: a value that fits no branch of a union (prompt: a string,
+    # a list of strings, ...) gets one error per branch from pydantic.
+    by_param: dict[str | None, list[str]] = {}
+    for err in errors:
+        p, msg = _loc_to_param(tuple(err.get("loc", ()))), _clean(str(err.get("msg")))
+        seen = by_param.setdefault(p, [])
+        if msg not in seen:
+            seen.append(msg)
     msgs = []
-    for err in errors[:3]:
-        p, msg = _loc_to_param(tuple(err.get("loc", ()))), str(err.get("msg"))
+    for p, texts in list(by_param.items())[:3]:
+        msg = "; or ".join(texts)
         named = p is None or msg.startswith(p + " ")  # "n must be ..." (protocol.py) names it
         msgs.append(msg if named else f"{p}: {msg}")
+    if param is None:  # a model-level check: the field its message names
+        param = param_named_in(msgs[0].replace("'", " "))
     return OpenAIError("; ".join(msgs), 400, param=param)
+
+
+def _clean(msg: str) -> str:
+    """pydantic's message without the "Value error, " it puts before a validator's own."""
+    return msg.removeprefix("Value error, ")
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -27,6 +27,8 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse_frames,
     usage,
 )
+from sglang.srt.managers.request_validation import ContextLengthError
+from sglang.srt.managers.tokenizer_manager import response_rid
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +108,10 @@ class OpenAIServingChat:
             raise OpenAIError(
                 f"could not apply the chat template to messages: {e}", 400, param="messages"
             ) from e
+        try:
+            self.tm.check_text_size(text, "messages")
+        except ContextLengthError as e:
+            raise OpenAIError(str(e), 400, param=e.param, code=e.code) from None
         return self.tm.tokenizer.encode(text, add_special_tokens=False)
 
     async def handle(self, req: ChatCompletionRequest, raw: Request) -> Any:
@@ -162,7 +168,7 @@ class OpenAIServingChat:
                 }
             )
         return {
-            "id": "chatcmpl-" + outs[0]["meta_info"].get("id", ""),
+            "id": "chatcmpl-" + response_rid(outs[0]["meta_info"].get("id", ""), req.n),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": req.model,
@@ -174,7 +180,8 @@ class OpenAIServingChat:
         sent_text: dict[int, int] = {}
         sent_lp: dict[int, int] = {}
         metas: dict[int, dict] = {}
-        created, cid = int(time.time()), "chatcmpl-" + next(iter(stream.rids), "")
+        created = int(time.time())
+        cid = "chatcmpl-" + response_rid(next(iter(stream.rids), ""), req.n)
 
         def chunk(choices: list[dict], usage_: dict | None = None) -> dict:
             return {

@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse_frames,
     usage,
 )
+from sglang.srt.managers.tokenizer_manager import response_rid
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
@@ -121,7 +122,7 @@ class OpenAIServingCompletion:
                 }
             )
         return {
-            "id": "cmpl-" + outs[0]["meta_info"].get("id", ""),
+            "id": "cmpl-" + response_rid(outs[0]["meta_info"].get("id", ""), req.n),
             "object": "text_completion",
             "created": int(time.time()),
             "model": req.model,
@@ -136,7 +137,8 @@ class OpenAIServingCompletion:
         sent_lp: dict[int, int] = {}
         lp_offset: dict[int, int] = {}  # text_offset of each choice's next logprob entry
         metas: dict[int, dict] = {}
-        created, cid = int(time.time()), "cmpl-" + next(iter(stream.rids), "")
+        created = int(time.time())
+        cid = "cmpl-" + response_rid(next(iter(stream.rids), ""), req.n)
         async for out in stream:
             meta = out["meta_info"]
             idx = meta.get("index", 0)
