@@ -106,8 +106,11 @@ def _route_names(message: str, max_tokens_field: str) -> str:
     (max_new_tokens) keeps the engine's names."""
     if max_tokens_field == "max_new_tokens":
         return message
-    names = {"max_new_tokens": max_tokens_field, "min_new_tokens": "min_tokens"}
-    names["sampling_seed"] = "seed"
+    names = {
+        "max_new_tokens": max_tokens_field,
+        "min_new_tokens": "min_tokens",
+        "sampling_seed": "seed",
+    }
     return re.sub(
         r"\b(max_new_tokens|min_new_tokens|sampling_seed)\b", lambda m: names[m[1]], message
     )
