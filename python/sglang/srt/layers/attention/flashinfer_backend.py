@@ -235,7 +235,6 @@ class FlashInferAttnBackend(AttentionBackend):
         previous = self._plan_events.get(id(wrapper))
         if previous is not None:
             previous.synchronize()
-        kw = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype, sm_scale=self._sm_scale)
         if graph and self._lean_ok.get(wrapper, False):
             shape = (nq, nkv, d, pool.dtype)  # what the wrapper was planned for at capture
             replanner = self._replanners.get(shape)
@@ -248,6 +247,7 @@ class FlashInferAttnBackend(AttentionBackend):
         else:
             # pinned: plan()'s own uploads then do not wait for the GPU
             host = flashinfer_replan.plan_inputs(layout, pin=True, is_decode=is_decode)
+            kw = dict(q_data_type=pool.dtype, kv_data_type=pool.dtype, sm_scale=self._sm_scale)
             if is_decode:
                 wrapper.plan(
                     host.kv_indptr, kv_indices, host.last_page_len, nq, nkv, d, 1,

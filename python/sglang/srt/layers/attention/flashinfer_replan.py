@@ -103,7 +103,7 @@ class PlanInputs:
     qo_indptr: torch.Tensor
     kv_indptr: torch.Tensor
     last_page_len: torch.Tensor
-    kv_lens: torch.Tensor  # kv_indptr's differences (page size 1), passed as seq_lens
+    kv_lens: torch.Tensor | None  # kv_indptr's differences (seq_lens); None for a decode plan
 
 
 _PINNED_ONES: dict[int, torch.Tensor] = {}
@@ -119,8 +119,8 @@ def plan_inputs(layout: PagedLayout, pin: bool, is_decode: bool = False) -> Plan
     the step in flight, which is what overlap scheduling exists to avoid; from pinned memory
     the copy is queued. Passing the KV lengths as seq_lens gives plan() the values it would
     compute (get_seq_lens of one-token pages) without a pageable temporary."""
-    kv_lens = torch.from_numpy(np.diff(layout.kv_indptr.numpy()).astype(np.int32))
     qo, kv, last = layout.qo_indptr, layout.kv_indptr, layout.last_page_len
+    kv_lens = None if is_decode else _kv_lens(kv)  # a decode plan() computes none it uploads
     if pin:
         n = last.numel()
         ones = _PINNED_ONES.get(n)
@@ -130,6 +130,11 @@ def plan_inputs(layout: PagedLayout, pin: bool, is_decode: bool = False) -> Plan
         if not is_decode:
             qo, kv_lens = qo.pin_memory(), kv_lens.pin_memory()
     return PlanInputs(qo, kv, last, kv_lens)
+
+
+def _kv_lens(kv_indptr: torch.Tensor) -> torch.Tensor:
+    """[bs] int32 KV lengths (pages of one token) from the [bs + 1] int32 CPU page offsets."""
+    return torch.from_numpy(np.diff(kv_indptr.numpy()).astype(np.int32))
 
 
 def _upload(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -180,7 +185,7 @@ class GraphReplanner:
             wrapper._pin_memory_int_workspace_buffer,
         )
         if wrapper.use_tensor_cores:  # the prefill module's plan, one query per request
-            kv_lens = torch.from_numpy(np.diff(kv_indptr.numpy()).astype(np.int32))
+            kv_lens = _kv_lens(kv_indptr)
             qo = self._qo_indptr.get(bs)
             if qo is None:
                 qo = self._qo_indptr[bs] = torch.arange(bs + 1, dtype=torch.int32)
@@ -203,13 +208,13 @@ class GraphReplanner:
         self, wrapper: Any, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor
     ) -> None:
         bs = self._batch_size(wrapper, qo_indptr, kv_indptr)
-        qo, kv = qo_indptr.numpy(), kv_indptr.numpy()
+        qo = qo_indptr.numpy()
         rows = int(qo[-1])
         if rows > wrapper._max_total_num_rows:
             raise ValueError(
                 f"lean re-plan: {rows} query rows exceed the graph's {wrapper._max_total_num_rows}"
             )
-        kv_lens = torch.from_numpy(np.diff(kv).astype(np.int32))
+        kv_lens = _kv_lens(kv_indptr)
         _upload(wrapper._qo_indptr_buf, qo_indptr)
         _upload(wrapper._paged_kv_indptr_buf, kv_indptr)
         # read by none of the fa2 kernels, kept as plan() leaves it
