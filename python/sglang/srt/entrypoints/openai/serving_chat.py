@@ -13,7 +13,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from sglang.srt.entrypoints.openai.errors import OpenAIError, OrjsonResponse
+from sglang.srt.entrypoints.openai.errors import (
+    OpenAIError,
+    OrjsonResponse,
+    from_engine_exception,
+)
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     EngineStream,
@@ -111,7 +115,7 @@ class OpenAIServingChat:
         try:
             self.tm.check_text_size(text, "messages")
         except ContextLengthError as e:
-            raise OpenAIError(str(e), 400, param=e.param, code=e.code) from None
+            raise from_engine_exception(e) from None
         return self.tm.tokenizer.encode(text, add_special_tokens=False)
 
     async def handle(self, req: ChatCompletionRequest, raw: Request) -> Any:
