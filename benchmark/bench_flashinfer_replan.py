@@ -4,9 +4,10 @@ plan() against flashinfer_replan's lean re-plan, both without the C++ plan itsel
     python benchmark/bench_flashinfer_replan.py \
         --result-file benchmark/results/flashinfer_replan_host_cpu.json
 
-The wrappers are built over CPU buffers and their compiled module is replaced by a no-op, as
-in test_flashinfer_replan.py, so this times the Python around the C++ call (what the lean path
-removes), on any machine with flashinfer-python installed. On the GPU host the copies are
+The wrappers are built over CPU buffers and their compiled module is replaced by a no-op
+(sglang.test.flashinfer_cpu, as in test_flashinfer_replan.py), so this times the Python
+around the C++ call (what the lean path removes), on any machine with flashinfer-python
+installed. On the GPU host the copies are
 host-to-device and the C++ plan runs too: `scripts/gpu_diagnose.sh FL` measures the step.
 Microseconds per call (median of --rounds rounds of --calls calls), per kind: decode on CUDA
 cores (GQA 3, SmolLM2), decode on tensor cores (GQA 4, Llama-3.1-8B), causal prefill (verify).
@@ -27,21 +28,6 @@ class NoOpModule:
         return [0]
 
 
-def _cpu_wrapper(make):
-    real_empty = torch.empty
-
-    def empty(*args, pin_memory=False, **kwargs):  # no pinned allocator without CUDA
-        return real_empty(*args, **kwargs)
-
-    torch.empty = empty
-    try:
-        w = make()
-    finally:
-        torch.empty = real_empty
-    w._jit_module = NoOpModule()
-    return w
-
-
 def calls_of(kind: str, bs: int, nkv: int):
     """(plan() call, lean call) for one kind of graph wrapper of batch size bs, each on its own
     CPU wrapper planned once (the lean one then keeps plan()'s module, as after a capture)."""
@@ -49,6 +35,7 @@ def calls_of(kind: str, bs: int, nkv: int):
 
     from sglang.srt.layers.attention.flashinfer_replan import GraphReplanner
     from sglang.srt.layers.attention.paged_layout import paged_layout
+    from sglang.test.flashinfer_cpu import graph_wrapper_on_cpu
 
     nq, d, dt = 12, 64, torch.bfloat16
     i32 = dict(dtype=torch.int32)
@@ -59,16 +46,17 @@ def calls_of(kind: str, bs: int, nkv: int):
     kw = dict(q_data_type=dt, kv_data_type=dt, sm_scale=0.125, non_blocking=True)
 
     def make():
-        ws = torch.zeros(1 << 20, dtype=torch.uint8)
         if kind == "verify":
-            return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                ws, "NHD", use_cuda_graph=True, qo_indptr_buf=torch.zeros(bs + 1, **i32),
+            return graph_wrapper_on_cpu(
+                flashinfer.BatchPrefillWithPagedKVCacheWrapper, NoOpModule(),
+                qo_indptr_buf=torch.zeros(bs + 1, **i32),
                 paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
                 paged_kv_indices_buf=torch.zeros(bs * 2048, **i32),
                 paged_kv_last_page_len_buf=torch.ones(bs, **i32), backend="fa2",
             )  # fmt: skip
-        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            ws, "NHD", use_cuda_graph=True, use_tensor_cores=kind == "decode_tensor_cores",
+        return graph_wrapper_on_cpu(
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper, NoOpModule(),
+            use_tensor_cores=kind == "decode_tensor_cores",
             paged_kv_indptr_buffer=torch.zeros(bs + 1, **i32),
             paged_kv_indices_buffer=torch.zeros(bs * 2048, **i32),
             paged_kv_last_page_len_buffer=torch.ones(bs, **i32), backend="fa2",
@@ -83,7 +71,7 @@ def calls_of(kind: str, bs: int, nkv: int):
         else:
             w.plan(layout.kv_indptr, indices, layout.last_page_len, nq, nkv, d, 1, **kw)
 
-    full, lean = _cpu_wrapper(make), _cpu_wrapper(make)
+    full, lean = make(), make()
     plan(full)
     plan(lean)
     lean._jit_module = None  # plan() kept the module; the lean path calls it

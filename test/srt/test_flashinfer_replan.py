@@ -18,6 +18,7 @@ flashinfer = pytest.importorskip("flashinfer")
 
 from sglang.srt.layers.attention import flashinfer_replan  # noqa: E402
 from sglang.srt.layers.attention.paged_layout import paged_layout  # noqa: E402
+from sglang.test.flashinfer_cpu import graph_wrapper_on_cpu  # noqa: E402
 
 NQ, HEAD_DIM, BS = 8, 64, 3
 
@@ -33,51 +34,31 @@ class Recorder:
         return [7, len(self.calls)]  # a plan_info
 
 
-def graph_wrapper(monkeypatch, use_tc: bool):
-    """A CUDA-graph decode wrapper over CPU buffers, as the backend builds them (fa2, NHD,
-    batch size BS), planned through a Recorder instead of a JIT module."""
-    real_empty = torch.empty
-
-    def empty(*args, pin_memory=False, **kwargs):  # no pinned allocator without CUDA
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", empty)
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.zeros(1 << 20, dtype=torch.uint8),
-        "NHD",
-        use_cuda_graph=True,
+def graph_wrapper(use_tc: bool):
+    """A CUDA-graph decode wrapper as the backend builds them (fa2, batch size BS), planned
+    through a Recorder."""
+    return graph_wrapper_on_cpu(
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+        Recorder(),
         use_tensor_cores=use_tc,
         paged_kv_indptr_buffer=torch.zeros(BS + 1, dtype=torch.int32),
         paged_kv_indices_buffer=torch.zeros(4096, dtype=torch.int32),
         paged_kv_last_page_len_buffer=torch.ones(BS, dtype=torch.int32),
         backend="fa2",
     )
-    monkeypatch.setattr(torch, "empty", real_empty)
-    w._jit_module = Recorder()  # plan() takes the module from here instead of compiling
-    return w
 
 
-def prefill_graph_wrapper(monkeypatch, rows: int):
-    """A CUDA-graph prefill wrapper over CPU buffers for BS requests and `rows` token rows."""
-    real_empty = torch.empty
-
-    def empty(*args, pin_memory=False, **kwargs):
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", empty)
-    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-        torch.zeros(1 << 20, dtype=torch.uint8),
-        "NHD",
-        use_cuda_graph=True,
+def prefill_graph_wrapper():
+    """A CUDA-graph prefill wrapper for BS requests, planned through a Recorder."""
+    return graph_wrapper_on_cpu(
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+        Recorder(),
         qo_indptr_buf=torch.zeros(BS + 1, dtype=torch.int32),
         paged_kv_indptr_buf=torch.zeros(BS + 1, dtype=torch.int32),
         paged_kv_indices_buf=torch.zeros(4096, dtype=torch.int32),
         paged_kv_last_page_len_buf=torch.ones(BS, dtype=torch.int32),
         backend="fa2",
     )
-    monkeypatch.setattr(torch, "empty", real_empty)
-    w._jit_module = Recorder()
-    return w
 
 
 def full_prefill_plan(w, seq_lens: list[int], ext: list[int], rows: int, nkv: int) -> None:
@@ -119,10 +100,10 @@ def same_args(a: tuple, b: tuple) -> bool:
 
 
 @pytest.mark.parametrize("use_tc", [False, True])
-def test_lean_replan_calls_the_module_like_plan(monkeypatch, use_tc):
+def test_lean_replan_calls_the_module_like_plan(use_tc):
     nkv = 2 if use_tc else 4  # GQA 4 decodes on tensor cores (upstream's rule), 2 on CUDA cores
-    full = graph_wrapper(monkeypatch, use_tc)
-    lean = graph_wrapper(monkeypatch, use_tc)
+    full = graph_wrapper(use_tc)
+    lean = graph_wrapper(use_tc)
     capture = [1, 1, 1]
     full_plan(full, capture, nkv)
     full_plan(lean, capture, nkv)  # the capture's plan()
@@ -143,10 +124,10 @@ def test_lean_replan_calls_the_module_like_plan(monkeypatch, use_tc):
         replanner.replan(lean, torch.zeros(BS + 2, dtype=torch.int32))
 
 
-def test_lean_prefill_replan_calls_the_module_like_plan(monkeypatch):
+def test_lean_prefill_replan_calls_the_module_like_plan():
     rows, nkv = 12, 2  # the graph's token rows (verify of up to 4 tokens per request)
-    full = prefill_graph_wrapper(monkeypatch, rows)
-    lean = prefill_graph_wrapper(monkeypatch, rows)
+    full = prefill_graph_wrapper(rows)
+    lean = prefill_graph_wrapper(rows)
     capture = ([4] * BS, [4] * BS)  # every request computes 4 tokens from position 0
     full_prefill_plan(full, *capture, rows, nkv)
     full_prefill_plan(lean, *capture, rows, nkv)
@@ -178,8 +159,8 @@ def test_lean_prefill_replan_calls_the_module_like_plan(monkeypatch):
         replanner.replan_prefill(lean, layout.qo_indptr, layout.kv_indptr)
 
 
-def test_supported_only_for_planned_graph_wrappers_of_checked_versions(monkeypatch):
-    w = graph_wrapper(monkeypatch, use_tc=False)
+def test_supported_only_for_planned_graph_wrappers_of_checked_versions():
+    w = graph_wrapper(use_tc=False)
     assert not flashinfer_replan.supported(w, version="0.6.18")  # plan() has not run yet
     full_plan(w, [1, 1, 1], 4)
     assert not flashinfer_replan.supported(w, version="0.6.18")  # a JIT module
@@ -204,15 +185,15 @@ def test_the_flag_reads_0_or_1(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["decode", "decode_tensor_cores", "prefill"])
-def test_plan_inputs_give_plan_what_it_computed_itself(monkeypatch, kind):
+def test_plan_inputs_give_plan_what_it_computed_itself(kind):
     """The backend's plan() now reads plan_inputs (pinned on CUDA; KV lengths passed as
     seq_lens): FlashInfer must plan exactly as from the layout's own tensors."""
     nkv, rows = 2, 12
     seq_lens, ext = ([5, 40, 300], [1, 1, 1]) if kind != "prefill" else ([9, 22, 35], [1, 3, 2])
     if kind == "prefill":
-        a, b = (prefill_graph_wrapper(monkeypatch, rows) for _ in range(2))
+        a, b = (prefill_graph_wrapper(rows) for _ in range(2))
     else:
-        a, b = (graph_wrapper(monkeypatch, kind == "decode_tensor_cores") for _ in range(2))
+        a, b = (graph_wrapper(kind == "decode_tensor_cores") for _ in range(2))
     layout = paged_layout(seq_lens, ext, rows if kind == "prefill" else BS)
     host = flashinfer_replan.plan_inputs(layout, pin=False)
     pages = layout.kv_indptr[1:] - layout.kv_indptr[:-1]  # the padded rows' pages: the last's
