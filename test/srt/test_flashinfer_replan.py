@@ -126,8 +126,8 @@ def test_lean_replan_calls_the_module_like_plan(use_tc):
 
 def test_lean_prefill_replan_calls_the_module_like_plan():
     rows, nkv = 12, 2  # the graph's token rows (verify of up to 4 tokens per request)
-    full = prefill_graph_wrapper(rows)
-    lean = prefill_graph_wrapper(rows)
+    full = prefill_graph_wrapper()
+    lean = prefill_graph_wrapper()
     capture = ([4] * BS, [4] * BS)  # every request computes 4 tokens from position 0
     full_prefill_plan(full, *capture, rows, nkv)
     full_prefill_plan(lean, *capture, rows, nkv)
@@ -191,7 +191,7 @@ def test_plan_inputs_give_plan_what_it_computed_itself(kind):
     nkv, rows = 2, 12
     seq_lens, ext = ([5, 40, 300], [1, 1, 1]) if kind != "prefill" else ([9, 22, 35], [1, 3, 2])
     if kind == "prefill":
-        a, b = (prefill_graph_wrapper(rows) for _ in range(2))
+        a, b = (prefill_graph_wrapper() for _ in range(2))
     else:
         a, b = (graph_wrapper(kind == "decode_tensor_cores") for _ in range(2))
     layout = paged_layout(seq_lens, ext, rows if kind == "prefill" else BS)
