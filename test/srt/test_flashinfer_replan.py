@@ -174,8 +174,10 @@ def test_supported_only_for_planned_graph_wrappers_of_checked_versions():
     assert not flashinfer_replan.supported(w, version="0.6.18")
 
 
-def test_the_flag_reads_0_or_1(monkeypatch):
+def test_the_flag_reads_0_or_1_and_defaults_to_on(monkeypatch):
     monkeypatch.delenv("SGLANG_FLASHINFER_LEAN_PLAN", raising=False)
+    assert flashinfer_replan.lean_plan_enabled()
+    monkeypatch.setenv("SGLANG_FLASHINFER_LEAN_PLAN", "0")
     assert not flashinfer_replan.lean_plan_enabled()
     monkeypatch.setenv("SGLANG_FLASHINFER_LEAN_PLAN", "1")
     assert flashinfer_replan.lean_plan_enabled()

@@ -225,8 +225,8 @@ class FlashInferAttnBackend(AttentionBackend):
         buffer is rewritten (the CPU may run ahead of the GPU). Its inputs are passed in pinned
         memory (flashinfer_replan.plan_inputs), so its own uploads do not wait for the GPU.
         A CUDA-graph wrapper (`graph`) that plan() ran on once is re-planned by
-        flashinfer_replan instead when SGLANG_FLASHINFER_LEAN_PLAN=1 (kv_indices is then
-        already the wrapper's own buffer, filled in place)."""
+        flashinfer_replan instead (the default; SGLANG_FLASHINFER_LEAN_PLAN=0 keeps plan();
+        kv_indices is then already the wrapper's own buffer, filled in place)."""
         check_dtype(pool.dtype)
         check_head_dim(pool.head_dim)
         nq, nkv, d = self.num_qo_heads, pool.head_num, pool.head_dim
