@@ -69,7 +69,7 @@ def observe_us() -> dict:
     for n in (1, 16, 64, 256):
         c = AdaptiveController(parse_adaptive_config(None), 5, 512)
         reqs = [
-            SimpleNamespace(req_pool_idx=i, kv_len=100, draft=SimpleNamespace(num_pending=1))
+            SimpleNamespace(req_pool_idx=i, kv_len=100, draft=SimpleNamespace(draft_kv_len=99))
             for i in range(n)
         ]
         zeros, step = [0] * n, [0]

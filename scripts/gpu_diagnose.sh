@@ -105,7 +105,7 @@ launch_ab() {  # SmolLM2 server sweeps with SGLANG_OVERLAP_THREAD=0 then 1 (the 
 case "$PART" in
   T)
     timeout -k 5 "${T_BOX_S:-540}" python3 -m pytest test/srt/test_fused_gemv_prologue.py \
-      test/srt/test_fused_rope_kv.py test/srt/test_fused_verify.py test/srt/test_draft_state.py \
+      test/srt/test_fused_rope_kv.py test/srt/test_fused_verify.py test/srt/test_hidden_state_pool.py \
       test/srt/test_spec_engine.py \
       test/srt/test_overlap_schedule.py test/srt/test_triton_gemv.py test/srt/test_kv_store.py \
       test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \

@@ -488,7 +488,7 @@ def test_all_zero_reuse_window_doubles_up_to_recheck_max():
     ctl = AdaptiveController(cfg, K, num_slots=8)
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     ctl.time_model = nothing_pays
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
             for i in range(6)]  # fmt: skip
 
     def runs_over(n: int, batch: list) -> list[int]:
@@ -533,7 +533,7 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     calls = []
     choose = ctl.policy.choose
     ctl.policy.choose = lambda v, *f: calls.append(v.size) or choose(v, *f)
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
             for i in range(6)]  # fmt: skip
     for _ in range(3):
         assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4
@@ -599,7 +599,7 @@ def test_profile_fit_is_accurate_for_plain_steps_at_every_batch_size():
 
 
 class _Draft:
-    num_pending = 1
+    draft_kv_len = 99  # one pending position (kv_len 100)
 
 
 class _Req:
@@ -923,7 +923,7 @@ def test_controller_bound_check_does_not_resolve_the_model():
     ctl = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=300)
     heavy = {**ZERO, "const": 2e-3, "verify_tokens": 1e-4, "draft_steps": 2e-4, "spec_on": 3e-4}
     ctl.time_model = StepTimeModel(heavy)  # online: learns from observe()
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
             for i in range(256)]  # fmt: skip
     for step in range(5):
         ctl.observe(reqs, [0] * 256, [0] * 256, 0.03, step)
@@ -962,7 +962,7 @@ def test_prev_draft_lens_follow_every_observed_step():
         lens = [rng.randint(0, 4) if drafting else 0 for _ in slots]
         acc = [rng.randint(0, d) for d in lens]
         reqs = [
-            SimpleNamespace(req_pool_idx=s, kv_len=50, draft=SimpleNamespace(num_pending=1))
+            SimpleNamespace(req_pool_idx=s, kv_len=50, draft=SimpleNamespace(draft_kv_len=49))
             for s in slots
         ]
         c.observe(reqs, lens, acc, 1e-3, step)

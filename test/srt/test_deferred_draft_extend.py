@@ -166,7 +166,7 @@ def test_drafting_off_follows_the_goodput_policy_only():
 
     from test_adaptive_policy import LIGHT, synthetic
 
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(num_pending=1))
+    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
             for i in range(4)]  # fmt: skip
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
 

@@ -206,12 +206,9 @@ class GenerationBatchResult:
     forward_time_s: float = 0.0
     # Speculative steps: per-request accepted runs (replaces next_token_ids) ...
     spec: Any = None  # SpecStepOutput | None
-    # ... and, for prefill steps, the target hidden states the draft still has to consume,
-    # [bs]: the aux hidden states a prefill chunk leaves pending for the draft: all [n_i, 3H]
-    # rows where the draft extend was deferred (SpecPlan.draft_keep_rows), else the last
-    # position's [1, 3H] after a final chunk, else None
-    draft_hidden: list[torch.Tensor | None] | None = None
-    draft_keep_rows: list[bool] | None = None  # [bs] the plan's SpecPlan.draft_keep_rows
+    # ... and, for speculative prefill steps, [bs] whether the chunk's draft extend was
+    # deferred (the plan's SpecPlan.draft_keep_rows; its hidden states stay in the pool)
+    draft_keep_rows: list[bool] | None = None
 
 
 @dataclass

@@ -285,8 +285,7 @@ class OutputProcessor:
 def subset_step(
     batch: ScheduleBatch, result: GenerationBatchResult, keep: list[int]
 ) -> tuple[ScheduleBatch, GenerationBatchResult]:
-    """The rows `keep` of a committed step (speculative results: per-request lists, and the
-    step's hidden-state tensor, whose rows the kept hidden_starts still index)."""
+    """The rows `keep` of a committed step (speculative results: per-request lists)."""
 
     def pick(xs: list | None) -> list | None:
         return None if xs is None else [xs[i] for i in keep]
@@ -298,9 +297,10 @@ def subset_step(
         extend_lens=pick(batch.extend_lens),
         step_index=batch.step_index,
     )
-    spec = result.spec  # hidden_states is the step's [R, 3H] tensor: kept whole
-    per_request = [f.name for f in dataclasses.fields(spec) if f.name != "hidden_states"]
-    spec = dataclasses.replace(spec, **{n: pick(getattr(spec, n)) for n in per_request})
+    spec = result.spec
+    spec = dataclasses.replace(
+        spec, **{f.name: pick(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
+    )
     res = dataclasses.replace(
         result,
         next_token_ids=pick(result.next_token_ids),

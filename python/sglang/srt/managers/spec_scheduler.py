@@ -16,19 +16,21 @@ from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, Sched
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.adaptive.warmup import profile_on_worker
-from sglang.srt.speculative.spec_info import (
-    COMPACT_CHUNKS,
-    EagleDraftInput,
-    SpecPlan,
-    compact_pending,
-)
+from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
-# Pending target hidden states kept per request while it does not draft; beyond this the
-# request stops speculating for good instead of holding more memory.
+# Positions a request may lag its draft by (decoded or prefilled without drafting): its next
+# drafting step's catch-up extends the draft over all of them. Beyond this the request stops
+# speculating for good instead of paying for a longer catch-up.
 MAX_PENDING_HIDDEN = 1024
+
+
+def num_pending(req: Req) -> int:
+    """Positions whose target hidden states the draft has not consumed yet: [draft_kv_len,
+    kv_len), their rows in the hidden state pool."""
+    return req.kv_len - req.draft.draft_kv_len
 
 
 class SpecScheduler:
@@ -45,7 +47,6 @@ class SpecScheduler:
             "spec_deferred_draft_extends": 0,  # prefill chunks whose draft extend was deferred
         }
         self.accept_histogram = [0] * (self.num_steps + 1)
-        self.num_decode_commits = 0  # sets the compaction cadence (every COMPACT_CHUNKS)
         sa = scheduler.server_args
         self.adaptive = (  # --speculative-adaptive: per-step draft lengths from a policy
             AdaptiveController(
@@ -82,7 +83,6 @@ class SpecScheduler:
         d = req.draft
         if valid < d.draft_kv_len:
             d.draft_kv_len = valid
-            d.clear()
             d.stale = True
 
     def takes_target_only_prefix(self) -> bool:
@@ -92,30 +92,36 @@ class SpecScheduler:
         return self.adaptive is not None and self.adaptive.drafting_off()
 
     def defers_draft_extend(self, req: Req, n: int) -> bool:
-        """Whether req's prefill chunk of n tokens skips the draft extend and keeps its n aux
-        hidden states pending instead (the catch-up of its first drafting step consumes them,
-        as for positions decoded without drafting). Deferred while speculation is off, up to
-        MAX_PENDING_HIDDEN // 2 rows (a longer prompt runs its draft extend, so that it can
-        still decode that many steps without drafting before it would stop drafting for
-        good); and always once a request's draft lags (an extend would build on draft KV it
-        lacks), up to MAX_PENDING_HIDDEN rows, beyond which it stops drafting for good."""
+        """Whether req's prefill chunk of n tokens skips the draft extend and leaves its n
+        positions pending instead (their hidden states stay in the pool; the catch-up of its
+        first drafting step consumes them, as for positions decoded without drafting).
+        Deferred while speculation is off, up to MAX_PENDING_HIDDEN // 2 positions (a longer
+        prompt runs its draft extend, so that it can still decode that many steps without
+        drafting before it would stop drafting for good); and always once a request's draft
+        lags (an extend would build on draft KV it lacks), up to MAX_PENDING_HIDDEN
+        positions, beyond which it stops drafting for good."""
         d = req.draft
-        lagging = d.draft_kv_len < req.kv_len
-        if not lagging and not self.takes_target_only_prefix():
+        pending = num_pending(req)
+        if not pending and not self.takes_target_only_prefix():
             return False
-        limit = MAX_PENDING_HIDDEN if lagging else MAX_PENDING_HIDDEN // 2
-        if d.num_pending + n <= limit:
+        limit = MAX_PENDING_HIDDEN if pending else MAX_PENDING_HIDDEN // 2
+        if pending + n <= limit:
             return True
-        if lagging:
-            d.clear()
+        if pending:
             d.stale = True
         return False
 
     # ---------------------------------------------------------------- decide
     def draft_len_cap(self, req: Req) -> int:
         """Largest useful d for req this step: K, the request's max_draft_tokens, the tokens it
-        may still generate (minus the bonus token) and its context room."""
-        if req.draft.stale or req.draft.num_pending != req.kv_len - req.draft.draft_kv_len:
+        may still generate (minus the bonus token) and its context room; 0 for a request that
+        cannot draft (stale, or lagging its draft by more than MAX_PENDING_HIDDEN positions:
+        it then becomes stale)."""
+        d = req.draft
+        if d.stale:
+            return 0
+        if num_pending(req) > MAX_PENDING_HIDDEN:
+            d.stale = True
             return 0
         return self.length_cap(req)
 
@@ -174,12 +180,10 @@ class SpecScheduler:
                 plan.catchup_ids.append(req.fill_ids[lo + 1 : n + 1])
                 plan.catchup_prefix_lens.append(lo)
                 plan.catchup_slots.append(kv.req_slots_np(req, lo, n))
-                plan.catchup_hidden.append(req.draft.hidden_states)
             else:
                 plan.catchup_ids.append([])
                 plan.catchup_prefix_lens.append(0)
                 plan.catchup_slots.append(None)
-                plan.catchup_hidden.append(None)
         return plan
 
     # ---------------------------------------------------------------- commit
@@ -187,22 +191,22 @@ class SpecScheduler:
         self, req: Req, start: int, final: bool, result: GenerationBatchResult, i: int
     ) -> None:
         """After a prefill chunk: the draft extend covered the chunk (but its last position
-        when final, whose target hidden state stays pending until the first draft step), or,
-        deferred, all the chunk's hidden states stay pending."""
+        when final, whose hidden state stays pending until the first draft step), or,
+        deferred, all the chunk's positions stay pending (their hidden states are in the
+        pool either way)."""
         d = req.draft
         if d.stale:
             return
         keep = result.draft_keep_rows
         if keep is not None and keep[i]:
-            rows = result.draft_hidden[i]
-            d.append_rows(rows, 0, rows.shape[0], MAX_PENDING_HIDDEN)
             return
         d.draft_kv_len = req.kv_len - (1 if final else 0)
-        d.clear()
-        if final and result.draft_hidden is not None and result.draft_hidden[i] is not None:
-            d.append_rows(result.draft_hidden[i], 0, 1, MAX_PENDING_HIDDEN)
 
     def commit_decode(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        """Commit a decode step's accepted runs. The positions a request committed without
+        drafting stay pending (their hidden states are the pool rows of their KV slots);
+        a drafting request's catch-up consumed its pending positions up to the step's
+        input."""
         s, spec = self.s, result.spec
         if self.adaptive is not None:  # before commit: reqs still describe the step's input
             lens = [r.draft_len for r in batch.reqs]
@@ -211,18 +215,12 @@ class SpecScheduler:
             )
         drafting = committed = 0
         out = s.outputs
-        hidden, starts = spec.hidden_states, spec.hidden_starts
-        # Every COMPACT_CHUNKS commits, the new pending rows of every request are compacted
-        # together (one copy for the batch, each request at most COMPACT_CHUNKS chunks behind),
-        # rather than each request on its own schedule (one copy per step under load).
-        self.num_decode_commits += 1
-        cadence = self.num_decode_commits % COMPACT_CHUNKS == 0
-        due: list[EagleDraftInput] = []
+        logprobs = spec.logprobs
         for i, req in enumerate(batch.reqs):
             n, dlen = req.kv_len, req.draft_len
             toks = spec.tokens[i]
-            if spec.logprobs is not None:
-                lps, tops = spec.logprobs[i], spec.top_logprobs[i]
+            if logprobs is not None:
+                lps, tops = logprobs[i], spec.top_logprobs[i]
             else:
                 lps = tops = [None] * len(toks)
             appended = out.commit_tokens(req, toks, lps, tops)
@@ -230,23 +228,14 @@ class SpecScheduler:
             req.extend_input_len = req.draft_len = 0
             committed += appended
             req.spec_verify_ct += 1
-            d = req.draft
             if dlen > 0:
                 # KV is valid for x_n and the appended tokens but the last; free the rest now.
                 s.kv.free_token_range(req, n + appended, n + 1 + dlen)
                 self.record_drafting(req, dlen, spec.num_accepted[i])
                 drafting += 1
-                d.draft_kv_len = n  # the catch-up consumed the pending states
-                d.clear()
-            # rows [start, start + appended) of hidden ([R, 3H]) are the states of the
-            # positions committed this step
-            end = starts[i] + appended
-            d.append_rows(hidden, starts[i], end, MAX_PENDING_HIDDEN, compact=False)
+                req.draft.draft_kv_len = n  # the catch-up consumed the pending positions
             if req.finished():
                 out.finish(req)
-            elif cadence or d.compaction_due:
-                due.append(d)
-        compact_pending(due)
         st = self.stats
         st["spec_verify_steps"] += len(batch.reqs)
         st["spec_committed_tokens"] += committed

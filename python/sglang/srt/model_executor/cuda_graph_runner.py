@@ -324,7 +324,9 @@ class CudaGraphRunner:
         )
 
     def _run_model(self, fb: ForwardBatch) -> LogitsProcessorOutput:
-        return self.model.forward(fb.input_ids, fb.positions, fb)
+        out = self.model.forward(fb.input_ids, fb.positions, fb)
+        self.runner.store_hidden(fb, out)  # captured: each replay writes the hidden state pool
+        return out
 
     def capture(self) -> None:
         """Capture every key's graph. The garbage collector is paused meanwhile: a collection
@@ -392,8 +394,9 @@ class CudaGraphRunner:
         the same graph: every caller consumes them within its step, on the current stream
         (sampling, verification, logprobs), which orders those reads before any later replay.
         Not copying them saves a [T, V] float32 copy per step (131 MB at batch 256 of a
-        128k vocabulary). The hidden states are a fresh copy: the scheduler keeps them as
-        pending draft inputs across steps."""
+        128k vocabulary). The hidden states are a view too, under the same rule (the draft
+        extend of a prefill reads them in its step; what later steps read went into the hidden
+        state pool inside the graph)."""
         t = int(mwb.input_ids.numel())
         key = self.pick(mwb.batch_size, t)
         fb = self._fill(
@@ -417,5 +420,5 @@ class CudaGraphRunner:
                 hidden = hidden[rows]
         return LogitsProcessorOutput(
             next_token_logits=logits,
-            hidden_states=hidden[:t].clone() if hidden is not None else None,
+            hidden_states=hidden[:t] if hidden is not None else None,
         )

@@ -15,6 +15,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hidden_state_pool import HiddenStatePool, spec_hidden_width
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_buckets import graph_batch_sizes
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
@@ -80,7 +81,7 @@ class ModelRunner:
         mc = self.model_config
         per_token = MHATokenToKVPool.bytes_per_token(
             self.dtype, mc.num_key_value_heads, mc.head_dim, mc.num_hidden_layers
-        )
+        ) + HiddenStatePool.bytes_per_token(self.hidden_width, self.dtype)
         if self.server_args.max_total_tokens is not None:
             return self.server_args.max_total_tokens
         if env_flag("MAX_TOTAL_TOKENS_DEFAULT"):  # used by the test suite to share one GPU
@@ -97,6 +98,23 @@ class ModelRunner:
             return int(budget // per_token)
         return min(CPU_MAX_DEFAULT_TOKENS, CPU_DEFAULT_KV_BYTES // per_token)
 
+    @property
+    def hidden_width(self) -> int:
+        """Width of the hidden state kept per KV slot (0: not speculating, no pool)."""
+        sa, mc = self.server_args, self.model_config
+        return spec_hidden_width(sa.speculative_algorithm, mc.hidden_size)
+
+    def store_hidden(self, fb: ForwardBatch, out: LogitsProcessorOutput) -> None:
+        """Write out's hidden states into the hidden state pool at the KV slots of their
+        tokens, when the runner keeps one and out has one hidden row per token of fb (a
+        decode or verify step with LAST, a prefill with FULL). Called by every target forward,
+        eager or captured in a CUDA graph (whose static out_cache_loc makes the write part of
+        the replay)."""
+        h = out.hidden_states
+        if self.hidden_pool is None or h is None or h.shape[0] != fb.out_cache_loc.shape[0]:
+            return
+        self.hidden_pool.write(fb.out_cache_loc, h)
+
     def init_memory_pool(self) -> None:
         mc, sa = self.model_config, self.server_args
         self.max_total_num_tokens = self.profile_max_num_tokens()
@@ -112,7 +130,20 @@ class ModelRunner:
             self.device,
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens)
-        logger.info("KV cache: %d tokens", self.max_total_num_tokens)
+        # speculative decoding: the target's hidden state of every KV slot, for the draft
+        self.hidden_pool = (
+            HiddenStatePool(self.max_total_num_tokens, self.hidden_width, self.dtype, self.device)
+            if self.hidden_width
+            else None
+        )
+        if self.hidden_pool is not None:
+            logger.info(
+                "KV cache: %d tokens, with a hidden state pool of width %d for the draft",
+                self.max_total_num_tokens,
+                self.hidden_width,
+            )
+        else:
+            logger.info("KV cache: %d tokens", self.max_total_num_tokens)
 
     def init_cuda_graphs(
         self, capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL, max_extend_len=1
@@ -208,4 +239,7 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Run the model; returns logits for forward_batch.logits_indices rows."""
         self.attn_backend.init_forward_metadata(forward_batch)
-        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        fb = forward_batch
+        out = self.model.forward(fb.input_ids, fb.positions, fb)
+        self.store_hidden(fb, out)
+        return out

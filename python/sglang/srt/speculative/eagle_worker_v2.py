@@ -1,9 +1,10 @@
 """EAGLEWorkerV2: executes the scheduler's speculative plan (chain drafts, topk = 1).
 
 Stateless with respect to the batch: a ModelWorkerBatch (with its SpecPlan) comes in; per-request
-accepted tokens, accept lengths, target logprobs and the next draft inputs (target hidden states)
-go out. It never allocates or frees KV and never writes req_to_token: every slot it writes (draft
-KV of catch-up positions, of draft steps, target KV of verify tokens) was assigned by the
+accepted tokens, accept lengths and target logprobs go out; the target hidden states the draft
+reads later go into the hidden state pool by KV slot, with the target forward. It never
+allocates or frees KV and never writes req_to_token: every slot it writes (draft KV of catch-up
+positions, of draft steps, target KV and hidden states of verify tokens) was assigned by the
 scheduler. Requests with d_i = 0 are plain decode rows of the same verify forward.
 """
 
@@ -62,20 +63,15 @@ def drafts_by_request(drafts: torch.Tensor, draft_lens: list[int]) -> list[list[
 
 
 def plain_decode_output(
-    ids: list[int],
-    hidden: torch.Tensor,
-    logprobs: list[float] | None = None,
-    top_logprobs: list | None = None,
+    ids: list[int], logprobs: list[float] | None = None, top_logprobs: list | None = None
 ) -> SpecStepOutput:
     """The SpecStepOutput of a step where every d_i = 0: request i commits ids[i] (no draft
-    accepted) and its aux hidden state is row i of hidden ([bs, 3H])."""
+    accepted; its hidden state went to the pool with the forward)."""
     return SpecStepOutput(
         tokens=[[t] for t in ids],
         num_accepted=[0] * len(ids),
         logprobs=[[lp] for lp in logprobs] if logprobs is not None else None,
         top_logprobs=[[t] for t in top_logprobs] if logprobs is not None else None,
-        hidden_states=hidden,
-        hidden_starts=list(range(len(ids))),
     )
 
 
@@ -92,9 +88,10 @@ class EAGLEWorkerV2:
         if isinstance(self.draft.model, LlamaForCausalLMEagle3):
             layers = aux_layer_ids(self.draft.model.config, model_config.num_hidden_layers)
             self.model_runner.model.set_eagle3_layers_to_capture(layers)
-        # EAGLE (v1) drafts read the target's final hidden states: no aux capture, and their
+        # EAGLE (v1) drafts read the target's final hidden states: no aux capture.
         # Target graphs: decode (all d_i = 0) and verify (up to K + 1 tokens per request), both
-        # returning the captured hidden states of every row for the draft.
+        # writing the hidden states of every row into the hidden state pool for the draft.
+        self.hidden_pool = self.model_runner.hidden_pool
         self.model_runner.init_cuda_graphs(
             CaptureHiddenMode.LAST, server_args.speculative_num_steps + 1
         )
@@ -144,17 +141,16 @@ class EAGLEWorkerV2:
 
         def to_result(host_ids: list[int]) -> GenerationBatchResult:
             return GenerationBatchResult(  # every row of a decode step samples
-                next_token_ids=host_ids, spec=plain_decode_output(host_ids, out.hidden_states)
+                next_token_ids=host_ids, spec=plain_decode_output(host_ids)
             )
 
         return PendingResult.from_device_ids(rows, ids, to_result, began)
 
     # ---------------------------------------------------------------- prefill
     def forward_extend(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
-        """Target prefill (capturing aux hidden states) + draft extend over the chunk."""
-        out, draft_hidden = self._extend(mwb)
+        """Target prefill (its hidden states into the pool) + draft extend over the chunk."""
+        out = self._extend(mwb)
         result = self.target_worker.sample(mwb, out.next_token_logits)
-        result.draft_hidden = draft_hidden
         result.draft_keep_rows = mwb.spec.draft_keep_rows or None
         return result
 
@@ -163,25 +159,22 @@ class EAGLEWorkerV2:
         through PendingResult, like a plain prefill (sampling is seeded per request and
         position, so sampling after the draft extend samples the same tokens)."""
         began = begin_step(self.device)
-        out, draft_hidden = self._extend(mwb)
+        out = self._extend(mwb)
         rows, ids = self.target_worker.sample_launch(mwb, out.next_token_logits)
         bs = mwb.batch_size
         keep = mwb.spec.draft_keep_rows or None
 
         def to_result(host_ids: list[int]) -> GenerationBatchResult:
             result = GenerationBatchResult(next_token_ids=ids_by_request(bs, rows, host_ids))
-            result.draft_hidden = draft_hidden
             result.draft_keep_rows = keep
             return result
 
         return PendingResult.from_device_ids(rows, ids, to_result, began)
 
-    def _extend(self, mwb: ModelWorkerBatch) -> tuple[LogitsProcessorOutput, list]:
-        """Queue the target prefill (every row's aux hidden states, [T, 3H]) and the draft
-        extend over each chunk's first e_i positions; no host synchronisation. Returns (the
-        target output, per request the rows it leaves pending for the draft: all [n_i, 3H]
-        of its chunk where the plan defers its draft extend, else the [1, 3H] hidden state of
-        its last position when it samples, else None)."""
+    def _extend(self, mwb: ModelWorkerBatch) -> LogitsProcessorOutput:
+        """Queue the target prefill (every row's hidden states, [T, 3H], which also go to the
+        hidden state pool) and the draft extend over each chunk's first e_i positions; no
+        host synchronisation. Returns the target output."""
         # a prefill graph when one holds it (--cuda-graph-prefill-max-tokens), else eager
         full = CaptureHiddenMode.FULL
         out = self.model_runner.forward_worker_batch(mwb, capture_hidden_mode=full)
@@ -201,28 +194,18 @@ class EAGLEWorkerV2:
         if reqs:
             ids_t, rows_t = int64_to_device([ids, rows], self.device)
             self.draft.forward(ids_t, hidden[rows_t], reqs, prefix, lens, torch.cat(slots))
-        keep = mwb.spec.draft_keep_rows or [False] * len(starts)
-        draft_hidden = []
-        for i, (s, n) in enumerate(zip(starts, mwb.extend_seq_lens, strict=True)):
-            if keep[i]:  # deferred draft extend: every row of the chunk stays pending
-                draft_hidden.append(hidden[s : s + n])
-            else:
-                draft_hidden.append(hidden[s + n - 1 : s + n] if mwb.sample[i] else None)
-        return out, draft_hidden
+        return out
 
     # ---------------------------------------------------------------- d_i = 0 for all
     def forward_plain_decode(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
         """Every d_i is 0: one target decode token per request, exactly a non-speculative step
-        (plus keeping each row's aux hidden state for when drafting resumes)."""
+        (plus each row's hidden state into the pool, for when drafting resumes)."""
         out = self.model_runner.forward_worker_batch(
             mwb, capture_hidden_mode=CaptureHiddenMode.LAST
         )
         result = self.target_worker.sample(mwb, out.next_token_logits)
         result.spec = plain_decode_output(
-            result.next_token_ids,
-            out.hidden_states,
-            result.next_token_logprobs,
-            result.next_top_logprobs,
+            result.next_token_ids, result.next_token_logprobs, result.next_top_logprobs
         )
         return result
 
@@ -242,16 +225,17 @@ class EAGLEWorkerV2:
         # step-major proposals to the request-major output (known before drafting).
         first = list(accumulate([0, *d[:-1]]))
         order = [first[i] + s for s in range(max(d)) for i in active if d[i] > s]
-        catchup_ids, order_t = int64_to_device(
-            [[t for i in active for t in plan.catchup_ids[i]], order], self.device
+        slots = np.concatenate([plan.catchup_slots[i] for i in active])
+        catchup_ids, order_t, slots_t = int64_to_device(
+            [[t for i in active for t in plan.catchup_ids[i]], order, slots], self.device
         )
         logits, g = self.draft.catch_up(
             catchup_ids,
-            torch.cat([plan.catchup_hidden[i] for i in active]),
+            self.hidden_pool.read(slots_t),  # the pending positions' target hidden states
             [mwb.req_pool_indices[i] for i in active],
             [plan.catchup_prefix_lens[i] for i in active],
             [len(plan.catchup_ids[i]) for i in active],
-            torch.from_numpy(np.concatenate([plan.catchup_slots[i] for i in active])),
+            torch.from_numpy(slots),
         )
         step = 1
         picked: list[torch.Tensor] = []  # per draft step: [m] target ids of its active rows
@@ -332,11 +316,11 @@ class EAGLEWorkerV2:
             forward_mode=ForwardMode.TARGET_VERIFY,
             capture_hidden_mode=CaptureHiddenMode.LAST,
         )
-        logits, hidden = out.next_token_logits, out.hidden_states  # [R, V], [R, 3H]
+        logits = out.next_token_logits  # [R, V] (the [R, 3H] hidden states went to the pool)
 
         if info.is_all_greedy and not info.has_logits_processors:
             return self._collect(
-                mwb, logits, hidden, self._verify_greedy(logits, ids, d_t, lay, d, fused), starts
+                mwb, logits, self._verify_greedy(logits, ids, d_t, lay, d, fused), starts
             )
         host_drafts = None
         if info.reads_output_ids:  # penalties count the drafts: they must come to the host
@@ -356,7 +340,7 @@ class EAGLEWorkerV2:
 
             vo = speculative_sample(drafts, d_t, q, p, u[:, 0], sample_fn, host_lens=d)
             both = packed_result(vo)
-        return self._collect(mwb, logits, hidden, both, starts)
+        return self._collect(mwb, logits, both, starts)
 
     @staticmethod
     def _verify_greedy(logits, ids, d_t, lay, d: list[int], fused: bool) -> torch.Tensor:
@@ -369,20 +353,13 @@ class EAGLEWorkerV2:
             return verify_greedy_fused(logits.argmax(-1), ids, lay[0], d_t, max(d) + 1)
         return packed_result(verify_greedy_rows(logits.argmax(-1), ids, *lay, max(d) + 1))
 
-    def _collect(self, mwb, logits, hidden, both, starts) -> GenerationBatchResult:
+    def _collect(self, mwb, logits, both, starts) -> GenerationBatchResult:
         """both: [bs, 1 + max_d + 1] int64 device (num_accepted, output ids), read back in one
         copy."""
         both = both.tolist()
         acc = [r[0] for r in both]
         tokens = [r[1 : 2 + a] for r, a in zip(both, acc, strict=True)]
-        spec = SpecStepOutput(
-            tokens=tokens,
-            num_accepted=acc,
-            logprobs=None,
-            top_logprobs=None,
-            hidden_states=hidden,
-            hidden_starts=list(starts),
-        )
+        spec = SpecStepOutput(tokens=tokens, num_accepted=acc, logprobs=None, top_logprobs=None)
         if mwb.return_logprob:
             rows = torch.tensor(
                 [starts[i] + j for i in range(len(acc)) for j in range(acc[i] + 1)],

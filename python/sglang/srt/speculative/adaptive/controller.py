@@ -3,7 +3,8 @@
 It owns the acceptance estimates (AcceptanceTracker), the step-time model (StepTimeModel) and
 the configured policy (registry), turns the running requests into a BatchView each decode step,
 and learns from each committed verify step (measured forward time, per-request accepts).
-Requests are duck-typed: `req_pool_idx`, `kv_len` and `draft.num_pending` are read.
+Requests are duck-typed: `req_pool_idx`, `kv_len` and `draft.draft_kv_len` are read (pending
+positions: kv_len - draft_kv_len).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class AdaptiveController:
         view = BatchView(
             caps=np.asarray(caps, dtype=np.int64),
             alphas=self.tracker.alphas(slots),
-            pending=np.array([r.draft.num_pending for r in reqs], dtype=np.int64),
+            pending=np.array([r.kv_len - r.draft.draft_kv_len for r in reqs], dtype=np.int64),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )
@@ -213,7 +214,7 @@ class AdaptiveController:
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
         if sum_d:
-            pending = [r.draft.num_pending for r in reqs]
+            pending = [r.kv_len - r.draft.draft_kv_len for r in reqs]
             x = allocation_features(draft_lens, pending, kv)
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)

@@ -31,9 +31,6 @@ def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[[int, int]
     Raises RuntimeError when the pools cannot hold bs requests of context_len + 1 + d tokens."""
     s = scheduler
     worker, mc = s.tp_worker, s.model_config
-    hidden = torch.zeros(
-        1, 3 * mc.hidden_size, dtype=worker.model_runner.dtype, device=worker.device
-    )  # [1, 3H] aux hidden state of the pending position
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
 
     def run_step(bs: int, d: int) -> float:
@@ -65,8 +62,8 @@ def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[[int, int]
             plan.catchup_ids.append([tok[i]] if d else [])
             plan.catchup_prefix_lens.append(n - 1 if d else 0)
             last = slots[i * per_req + n - 1 : i * per_req + n]
+            # the pending position's hidden state: whatever its pool row holds (timing only)
             plan.catchup_slots.append(last.numpy().astype(np.int64) if d else None)
-            plan.catchup_hidden.append(hidden if d else None)
         info = SamplingBatchInfo.from_rows(
             [SamplingRow(greedy, [tok[i]], [], i) for i in range(bs)], mc.vocab_size, worker.device
         )
