@@ -1,7 +1,8 @@
 """Which host calls of a decode step wait for the GPU, in-process, on CUDA:
 
     python benchmark/probe_host_waits.py [--model-path bundled] [--batch-sizes 1 64] \
-        [--sleep-ms 5] [--result-file benchmark/results/host_waits_h200.json]
+        [--sleep-ms 5] [--sleep-where after_launch|before_replay] \
+        [--result-file benchmark/results/host_waits_h200.json]
 
 Why: through the server the SmolLM2 decode step at concurrency 1 took 1.38 ms on the H200
 while its CUDA graph took 0.81 ms, and the scheduler thread's `launch` phase alone (queuing a
@@ -17,8 +18,12 @@ scheduler phases and the calls inside them) are timed on the scheduler thread, i
 
 - `base`: --steps ordinary steps;
 - `loaded`: the same number of steps with a GPU sleep of --sleep-ms queued on the worker's
-  stream right after each launch (torch.cuda._sleep, calibrated in the same process), so that
-  whatever the host does next happens while the GPU is busy for that long;
+  stream right after each launch, or with --sleep-where before_replay right before each graph
+  replay, after the attention re-plan's uploads (torch.cuda._sleep, calibrated in the same
+  process), so that whatever the host does next happens while the GPU is busy for that long.
+  After the launch, the next step's uploads queue behind the sleep: FlashInfer's guard of its
+  plan buffer (it waits for the previous plan's upload) then counts as waiting, as on the
+  H200 in the seventeenth session; before the replay, it does not;
 - `delta` = loaded - base. A call whose delta is near --sleep-ms waits for the device (a
   stream or event synchronisation, a pageable copy, a blocking pinned allocation); one near 0
   does not. `resolve` is expected to wait (that is its job): it waits for the step before the
@@ -118,9 +123,29 @@ def calibrate_sleep(device: str) -> float:
     return n / start.elapsed_time(end)
 
 
-def inject_sleep(sched: Any, cycles: int) -> Any:
-    """Make every launch queue a GPU sleep of `cycles` on the worker's stream after the step.
-    Returns a function that undoes it."""
+def inject_sleep(sched: Any, cycles: int, where: str = "after_launch") -> Any:
+    """Make every launch queue a GPU sleep of `cycles` on the worker's stream: after the step
+    (`after_launch`), or (`before_replay`) inside a graph launch, after the attention
+    backend's re-plan and its uploads and right before the graph replay, as if the graph
+    itself ran longer. With `after_launch` the next step's uploads queue behind the sleep, so a
+    call that waits for the previous step's upload (FlashInfer's plan buffer guard) counts as
+    waiting; with `before_replay` only calls that wait for the step in flight do. Returns a
+    function that undoes it."""
+    if where == "before_replay":
+        backend = sched.tp_worker.model_runner.cuda_graph_runner.backend
+        name = "init_forward_metadata_replay_cuda_graph"
+        own = backend.__dict__.get(name)  # e.g. a timing wrapper, put back by undo
+        plan = getattr(backend, name)
+
+        def plan_then_sleep(*args, **kwargs):
+            out = plan(*args, **kwargs)
+            torch.cuda._sleep(cycles)  # the current stream: the one the replay runs on
+            return out
+
+        setattr(backend, name, plan_then_sleep)
+        return lambda: setattr(backend, name, own) if own is not None else delattr(backend, name)
+    if where != "after_launch":
+        raise ValueError(f"--sleep-where must be after_launch or before_replay, got {where!r}")
     client = sched.worker_client
     real = client.forward_batch_generation_async
 
@@ -264,7 +289,7 @@ def probe(model: str | None, kw: dict, bs: int, a: argparse.Namespace) -> dict[s
     out: dict[str, Any] = {"labels": labels, "base": timed_steps(sched, timers, a.steps, a.device)}
     if a.device == "cuda":
         cycles = int(a.sleep_ms * calibrate_sleep(a.device))
-        undo = inject_sleep(sched, cycles)
+        undo = inject_sleep(sched, cycles, a.sleep_where)
         out["loaded"] = timed_steps(sched, timers, a.steps, a.device)
         undo()
         out["delta"] = waits(out["base"], out["loaded"], a.sleep_ms)
@@ -286,6 +311,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--sleep-ms", type=float, default=5.0)
+    p.add_argument(
+        "--sleep-where",
+        choices=["after_launch", "before_replay"],
+        default="after_launch",
+        help="where the GPU sleep is queued (see inject_sleep)",
+    )
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--result-file", default=None)
     a = p.parse_args(argv)

@@ -247,6 +247,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
   H)  # which host calls of a decode step wait for the GPU (benchmark/probe_host_waits.py)
     timeout -k 5 "$(box 300)" python3 benchmark/probe_host_waits.py \
       --batch-sizes ${H_BS:-1 64 256} --sleep-ms "${H_SLEEP_MS:-5}" \
+      --sleep-where "${H_SLEEP_WHERE:-before_replay}" \
       --result-file "$D/host_waits_$TAG.json" > "$D/host_waits_$TAG.log" 2>&1
     echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
     grep -E "^(plain|adaptive)_bs" "$D/host_waits_$TAG.log"

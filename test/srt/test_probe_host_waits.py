@@ -7,10 +7,12 @@ import argparse
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
 
 from bench_common import plain_and_adaptive_no_drafts  # noqa: E402
-from probe_host_waits import probe, waits  # noqa: E402
+from probe_host_waits import inject_sleep, probe, waits  # noqa: E402
 
 
 def test_a_call_waits_when_its_delta_reaches_half_the_sleep():
@@ -50,3 +52,31 @@ def test_cpu_probe_times_the_scheduler_phases(tiny_model_dir, draft_dir):
         assert "loaded" not in out and "delta" not in out  # the GPU sleep needs CUDA
         # a module function timed through its global is put back afterwards
         assert "h2d.to_device_async" in wrapped and h2d.to_device_async is original
+
+
+def test_sleep_before_replay_follows_the_re_plan_and_is_undone(monkeypatch):
+    """--sleep-where before_replay queues the sleep after the graph backend's re-plan (its
+    uploads) and before the replay, and undo puts back what was there (a timing wrapper)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(f"sleep {cycles}"))
+
+    class Backend:
+        def init_forward_metadata_replay_cuda_graph(self, fb, n):
+            calls.append(f"plan {fb} {n}")
+
+    backend = Backend()
+    timing = backend.init_forward_metadata_replay_cuda_graph  # an own attribute, as a timer's
+    backend.init_forward_metadata_replay_cuda_graph = timing
+    runner = SimpleNamespace(cuda_graph_runner=SimpleNamespace(backend=backend))
+    sched = SimpleNamespace(tp_worker=SimpleNamespace(model_runner=runner))
+    undo = inject_sleep(sched, 7, "before_replay")
+    backend.init_forward_metadata_replay_cuda_graph("fb", 3)
+    assert calls == ["plan fb 3", "sleep 7"]
+    undo()
+    assert backend.init_forward_metadata_replay_cuda_graph is timing
+    with pytest.raises(ValueError, match="before_replay"):
+        inject_sleep(sched, 7, "elsewhere")
