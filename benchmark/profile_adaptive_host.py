@@ -69,7 +69,9 @@ def observe_us() -> dict:
     for n in (1, 16, 64, 256):
         c = AdaptiveController(parse_adaptive_config(None), 5, 512)
         reqs = [
-            SimpleNamespace(req_pool_idx=i, kv_len=100, draft=SimpleNamespace(draft_kv_len=99))
+            SimpleNamespace(
+                req_pool_idx=i, kv_len=100, draft=SimpleNamespace(draft_kv_len=99, stale=False)
+            )
             for i in range(n)
         ]
         zeros, step = [0] * n, [0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -40,6 +41,12 @@ def synthetic(**coef: float) -> StepTimeModel:
 HEAVY = synthetic(const=2e-3, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4)
 # Step time dominated by the fixed cost of a forward (one request, memory-bound).
 LIGHT = synthetic(const=1e-2, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4)
+
+
+def pending_req(slot: int, kv_len: int = 10) -> SimpleNamespace:
+    """A running request as the controller reads it (duck-typed), one position pending."""
+    draft = SimpleNamespace(draft_kv_len=kv_len - 1, stale=False)
+    return SimpleNamespace(req_pool_idx=slot, kv_len=kv_len, draft=draft)
 
 
 def view(alphas, caps=None, prev=None, pending=None) -> BatchView:
@@ -480,7 +487,6 @@ def test_all_zero_reuse_window_doubles_up_to_recheck_max():
     """While the policy keeps choosing all zeros on a batch at least as large, each run's
     reuse window doubles from recheck_every up to recheck_max; drafting or a smaller batch
     resets it to recheck_every."""
-    from types import SimpleNamespace
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
@@ -488,8 +494,7 @@ def test_all_zero_reuse_window_doubles_up_to_recheck_max():
     ctl = AdaptiveController(cfg, K, num_slots=8)
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     ctl.time_model = nothing_pays
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
-            for i in range(6)]  # fmt: skip
+    reqs = [pending_req(i) for i in range(6)]
 
     def runs_over(n: int, batch: list) -> list[int]:
         """Steps (0-based) among the next n at which the policy runs."""
@@ -518,7 +523,6 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     recheck_every - 1 steps while the batch has at least as many requests (new requests,
     other requests in the same slots); a smaller batch or the recheck runs it again.
     decide() is what SpecScheduler.choose_draft_lens does."""
-    from types import SimpleNamespace
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
@@ -533,8 +537,7 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     calls = []
     choose = ctl.policy.choose
     ctl.policy.choose = lambda v, *f: calls.append(v.size) or choose(v, *f)
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
-            for i in range(6)]  # fmt: skip
+    reqs = [pending_req(i) for i in range(6)]
     for _ in range(3):
         assert decide(ctl, reqs[:4], [K] * 4) == [0] * 4
     assert calls == [4]  # one policy run, then two reuses
@@ -600,6 +603,7 @@ def test_profile_fit_is_accurate_for_plain_steps_at_every_batch_size():
 
 class _Draft:
     draft_kv_len = 99  # one pending position (kv_len 100)
+    stale = False
 
 
 class _Req:
@@ -916,15 +920,13 @@ def test_controller_bound_check_does_not_resolve_the_model():
     solve: the plain-step measurements buffered since stay buffered (no fold, no re-solve).
     When the bound lets drafting through, the model is solved before the allocation is
     scored, as before."""
-    from types import SimpleNamespace
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
     ctl = AdaptiveController(parse_adaptive_config('{"recheck_every": 1}'), K, num_slots=300)
     heavy = {**ZERO, "const": 2e-3, "verify_tokens": 1e-4, "draft_steps": 2e-4, "spec_on": 3e-4}
     ctl.time_model = StepTimeModel(heavy)  # online: learns from observe()
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
-            for i in range(256)]  # fmt: skip
+    reqs = [pending_req(i) for i in range(256)]
     for step in range(5):
         ctl.observe(reqs, [0] * 256, [0] * 256, 0.03, step)
     model = ctl.time_model
@@ -945,7 +947,6 @@ def test_prev_draft_lens_follow_every_observed_step():
     """AdaptiveController.prev (the hysteresis input: last d per request slot, -1 for a new
     request) equals a plain dict replay of the steps, although plain steps only write the
     slots whose prev is not already 0."""
-    from types import SimpleNamespace
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
@@ -961,10 +962,7 @@ def test_prev_draft_lens_follow_every_observed_step():
         drafting = rng.random() < 0.3
         lens = [rng.randint(0, 4) if drafting else 0 for _ in slots]
         acc = [rng.randint(0, d) for d in lens]
-        reqs = [
-            SimpleNamespace(req_pool_idx=s, kv_len=50, draft=SimpleNamespace(draft_kv_len=49))
-            for s in slots
-        ]
+        reqs = [pending_req(s, kv_len=50) for s in slots]
         c.observe(reqs, lens, acc, 1e-3, step)
         ref.update(zip(slots, lens, strict=True))
         assert c.prev.tolist() == [ref[s] for s in range(12)]

@@ -162,12 +162,10 @@ def test_target_only_prefix_hits_while_speculation_is_off(tiny_model_dir, draft_
 def test_drafting_off_follows_the_goodput_policy_only():
     """drafting_off: after the goodput policy chose no drafts at all, until it drafts again;
     never with defer_draft_extend false, never for the tier baseline."""
-    from types import SimpleNamespace
 
-    from test_adaptive_policy import LIGHT, synthetic
+    from test_adaptive_policy import LIGHT, pending_req, synthetic
 
-    reqs = [SimpleNamespace(req_pool_idx=i, kv_len=10, draft=SimpleNamespace(draft_kv_len=9))
-            for i in range(4)]  # fmt: skip
+    reqs = [pending_req(i) for i in range(4)]
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
 
     ctl = AdaptiveController(parse_adaptive_config(None), K, num_slots=8)
@@ -218,6 +216,44 @@ def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model
     assert outs["t1"]["meta"]["spec_num_proposed_drafts"] == 0  # admitted while off
     assert not ctl.drafting_off()
     assert outs["t2"]["meta"]["spec_num_proposed_drafts"] > 0
+    sched.kv.check_accounting()
+
+
+def test_long_target_only_contexts_do_not_count_as_catch_up(tiny_model_dir, draft_dir):
+    """As above with long turns (three of ~430 tokens taken as target-only prefixes while
+    speculation is off) and a step-time model under which drafting pays only when there is
+    little to catch up. The requests that can never draft have nothing to catch up: the
+    policy must see 0 pending positions for them, not their whole lag, else drafting never
+    looks worth it and speculation stays off for good (the hidden state pool's first version
+    counted kv_len - draft_kv_len for them: 1302 positions here)."""
+    from test_adaptive_policy import synthetic
+
+    sched = spec_scheduler(
+        tiny_model_dir,
+        draft_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps({"guard": False}),
+    )
+    ctl = sched.spec.adaptive
+    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
+    outs: dict = {}
+    p = prompt(30, seed=4)
+    submit(sched, "t0", p, GREEDY)
+    run_until_idle(sched, outs)
+    for k in (1, 2, 3):  # speculation off: long target-only turns
+        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(400, seed=20 + k)
+        submit(sched, f"t{k}", p, GREEDY)
+        run_until_idle(sched, outs)
+    assert ctl.drafting_off()
+    ctl.time_model = synthetic(
+        const=4e-3, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4
+    )  # pays at short catch-ups, not at a 1300-position one
+    for k in (4, 5):
+        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(5, seed=5 + k)
+        submit(sched, f"t{k}", p, GREEDY)
+        run_until_idle(sched, outs)
+    assert outs["t4"]["meta"]["spec_num_proposed_drafts"] == 0  # admitted while off
+    assert outs["t5"]["meta"]["spec_num_proposed_drafts"] > 0  # speculation came back on
     sched.kv.check_accounting()
 
 

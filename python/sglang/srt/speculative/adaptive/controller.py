@@ -3,8 +3,8 @@
 It owns the acceptance estimates (AcceptanceTracker), the step-time model (StepTimeModel) and
 the configured policy (registry), turns the running requests into a BatchView each decode step,
 and learns from each committed verify step (measured forward time, per-request accepts).
-Requests are duck-typed: `req_pool_idx`, `kv_len` and `draft.draft_kv_len` are read (pending
-positions: kv_len - draft_kv_len).
+Requests are duck-typed: `req_pool_idx`, `kv_len`, `draft.draft_kv_len` and `draft.stale` are
+read (see pending_positions).
 """
 
 from __future__ import annotations
@@ -30,6 +30,14 @@ from sglang.srt.speculative.adaptive.step_time_model import (
 logger = logging.getLogger(__name__)
 
 OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
+
+
+def pending_positions(req: Any) -> int:
+    """Positions the catch-up of req's next drafting step would cover: kv_len - draft_kv_len,
+    or 0 for a request that can never draft again (stale: it will never run that catch-up,
+    and counting its whole lag would make drafting look costly for everyone it is batched
+    with, e.g. every turn of a conversation taken as a target-only prefix)."""
+    return 0 if req.draft.stale else req.kv_len - req.draft.draft_kv_len
 
 
 class AdaptiveController:
@@ -178,7 +186,7 @@ class AdaptiveController:
         view = BatchView(
             caps=np.asarray(caps, dtype=np.int64),
             alphas=self.tracker.alphas(slots),
-            pending=np.array([r.kv_len - r.draft.draft_kv_len for r in reqs], dtype=np.int64),
+            pending=np.array([pending_positions(r) for r in reqs], dtype=np.int64),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )
@@ -214,7 +222,7 @@ class AdaptiveController:
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
         if sum_d:
-            pending = [r.kv_len - r.draft.draft_kv_len for r in reqs]
+            pending = [pending_positions(r) for r in reqs]
             x = allocation_features(draft_lens, pending, kv)
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)
