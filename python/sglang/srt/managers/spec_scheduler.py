@@ -68,27 +68,22 @@ class SpecScheduler:
     def on_admit(self, req: Req) -> None:
         """The cached prefix carries valid draft KV for its first req.prefix_draft_valid_len
         tokens. A longer prefix (taken while speculation is off, takes_target_only_prefix)
-        leaves the rest pending: the target's hidden states of those positions are the pool
-        rows of the prefix's slots (written when the cache's owner computed them), so the
-        request's first drafting step catches its draft up over them, unless the lag exceeds
-        MAX_PENDING_HIDDEN (it then never drafts)."""
+        leaves the draft no hidden states to catch up with: the request never drafts."""
         valid = min(req.kv_len, req.prefix_draft_valid_len)
         req.draft.draft_kv_len = valid
-        if req.kv_len - valid > MAX_PENDING_HIDDEN:
+        if valid < req.kv_len:
             req.draft.stale = True
         if self.adaptive is not None:
             self.adaptive.on_admit(req.req_pool_idx)
 
     def limit_draft_kv(self, req: Req, valid: int) -> None:
         """req's KV slots now hold valid draft KV for its first `valid` positions only (the
-        prefix cache swapped in slots of target-only KV): the positions after `valid` are
-        pending again (their hidden states are the swapped-in slots' pool rows), up to
-        MAX_PENDING_HIDDEN of them, beyond which it stops drafting for good."""
+        prefix cache swapped in slots of target-only KV): it stops drafting for good unless
+        its draft KV already ended there."""
         d = req.draft
         if valid < d.draft_kv_len:
             d.draft_kv_len = valid
-            if req.kv_len - valid > MAX_PENDING_HIDDEN:
-                d.stale = True
+            d.stale = True
 
     def takes_target_only_prefix(self) -> bool:
         """Whether new requests may take cached prefixes without valid draft KV (and prefills
