@@ -257,6 +257,42 @@ def test_long_target_only_contexts_do_not_count_as_catch_up(tiny_model_dir, draf
     sched.kv.check_accounting()
 
 
+def test_moderate_target_only_contexts_let_speculation_come_back(tiny_model_dir, draft_dir):
+    """As above with turns of ~300 tokens (contexts under MAX_PENDING_HIDDEN): once drafting
+    pays again, a later turn drafts. A version where requests on target-only prefixes kept
+    their lag pending (to catch up over it) failed this: each turn, admitted while off, lagged
+    by its whole context, no single step could pay for that catch-up, and speculation stayed
+    off for the rest of the conversation (found by a review helper, seventeenth session)."""
+    from test_adaptive_policy import synthetic
+
+    sched = spec_scheduler(
+        tiny_model_dir,
+        draft_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps({"guard": False}),
+    )
+    ctl = sched.spec.adaptive
+    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
+    outs: dict = {}
+    p = prompt(30, seed=4)
+    submit(sched, "t0", p, GREEDY)
+    run_until_idle(sched, outs)
+    for k in (1, 2):
+        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(300, seed=20 + k)
+        submit(sched, f"t{k}", p, GREEDY)
+        run_until_idle(sched, outs)
+    assert ctl.drafting_off()
+    ctl.time_model = synthetic(
+        const=4e-3, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4
+    )
+    for k in (3, 4, 5, 6):
+        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(5, seed=5 + k)
+        submit(sched, f"t{k}", p, GREEDY)
+        run_until_idle(sched, outs)
+    assert any(outs[f"t{k}"]["meta"]["spec_num_proposed_drafts"] > 0 for k in (4, 5, 6))
+    sched.kv.check_accounting()
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_prefix_hit_that_diverges_recomputes_the_last_draft_position(
     tiny_model_dir, draft_dir, overlap
