@@ -16,7 +16,7 @@ from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, Sched
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.adaptive.warmup import profile_on_worker
-from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan
+from sglang.srt.speculative.spec_info import EagleDraftInput, SpecPlan, pending_positions
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -25,12 +25,6 @@ if TYPE_CHECKING:
 # drafting step's catch-up extends the draft over all of them. Beyond this the request stops
 # speculating for good instead of paying for a longer catch-up.
 MAX_PENDING_HIDDEN = 1024
-
-
-def num_pending(req: Req) -> int:
-    """Positions whose target hidden states the draft has not consumed yet: [draft_kv_len,
-    kv_len), their rows in the hidden state pool."""
-    return req.kv_len - req.draft.draft_kv_len
 
 
 class SpecScheduler:
@@ -101,7 +95,7 @@ class SpecScheduler:
         lags (an extend would build on draft KV it lacks), up to MAX_PENDING_HIDDEN
         positions, beyond which it stops drafting for good."""
         d = req.draft
-        pending = num_pending(req)
+        pending = pending_positions(req)
         if not pending and not self.takes_target_only_prefix():
             return False
         limit = MAX_PENDING_HIDDEN if pending else MAX_PENDING_HIDDEN // 2
@@ -120,7 +114,7 @@ class SpecScheduler:
         d = req.draft
         if d.stale:
             return 0
-        if num_pending(req) > MAX_PENDING_HIDDEN:
+        if pending_positions(req) > MAX_PENDING_HIDDEN:
             d.stale = True
             return 0
         return self.length_cap(req)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,15 @@ class EagleDraftInput:
 
     draft_kv_len: int = 0  # positions whose draft KV is valid
     stale: bool = False  # the draft can no longer catch up: this request never drafts again
+
+
+def pending_positions(req: Any) -> int:
+    """Positions the catch-up of req's next drafting step would cover, whose target hidden
+    states are the pool rows of their KV slots: kv_len - draft.draft_kv_len; 0 for a request
+    that can never draft again (draft.stale: it never runs that catch-up, and counting its
+    lag would make drafting look costly for everyone it is batched with). `req` is a Req or
+    anything with `kv_len` and `draft` (the adaptive controller's duck-typed requests)."""
+    return 0 if req.draft.stale else req.kv_len - req.draft.draft_kv_len
 
 
 @dataclass

@@ -4,7 +4,7 @@ It owns the acceptance estimates (AcceptanceTracker), the step-time model (StepT
 the configured policy (registry), turns the running requests into a BatchView each decode step,
 and learns from each committed verify step (measured forward time, per-request accepts).
 Requests are duck-typed: `req_pool_idx`, `kv_len`, `draft.draft_kv_len` and `draft.stale` are
-read (see pending_positions).
+read (see spec_info.pending_positions).
 """
 
 from __future__ import annotations
@@ -26,18 +26,11 @@ from sglang.srt.speculative.adaptive.step_time_model import (
     plain_step_features,
     profile_step_time,
 )
+from sglang.srt.speculative.spec_info import pending_positions
 
 logger = logging.getLogger(__name__)
 
 OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
-
-
-def pending_positions(req: Any) -> int:
-    """Positions the catch-up of req's next drafting step would cover: kv_len - draft_kv_len,
-    or 0 for a request that can never draft again (stale: it will never run that catch-up,
-    and counting its whole lag would make drafting look costly for everyone it is batched
-    with, e.g. every turn of a conversation taken as a target-only prefix)."""
-    return 0 if req.draft.stale else req.kv_len - req.draft.draft_kv_len
 
 
 class AdaptiveController:
