@@ -63,6 +63,38 @@ def switch_speculation(sched, off: dict) -> list[list[bool]]:
     return keeps
 
 
+def adaptive_off(tiny_model_dir, draft_dir) -> tuple:
+    """(scheduler, controller, outputs, conversation so far): an adaptive scheduler without
+    the guard (the synthetic step-time models decide here; the guard would rightly block the
+    drafting they ask for once it measures that drafting is slower on this CPU) whose policy
+    chose no drafts for a first 30-token turn t0 (a model under which drafting never pays)."""
+    from test_adaptive_policy import synthetic
+
+    sched = spec_scheduler(
+        tiny_model_dir,
+        draft_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps({"guard": False}),
+    )
+    ctl = sched.spec.adaptive
+    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
+    outs: dict = {}
+    p = prompt(30, seed=4)
+    submit(sched, "t0", p, GREEDY)
+    run_until_idle(sched, outs)
+    return sched, ctl, outs, p
+
+
+def next_turns(sched, outs: dict, p: list[int], turns, n: int, seed: int) -> list[int]:
+    """Run turns t<k> for k in `turns`, each the conversation so far (p, then each previous
+    turn's answer) plus n new tokens (prompt seed seed + k). Returns the conversation."""
+    for k in turns:
+        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(n, seed=seed + k)
+        submit(sched, f"t{k}", p, GREEDY)
+        run_until_idle(sched, outs)
+    return p
+
+
 @pytest.mark.parametrize("chunked,overlap", [(False, False), (True, False), (True, True)])
 def test_deferred_draft_extend_restores_the_draft_state(
     tiny_model_dir, draft_dir, chunked, overlap
@@ -191,28 +223,12 @@ def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model
     requests run, the goodput policy still decides whether drafting would pay: once it does,
     speculation is back on and the next turn takes the draft-valid prefix only and drafts.
     Before, the policy never ran on them (all caps 0) and speculation stayed off for good."""
-    from test_adaptive_policy import LIGHT, synthetic
+    from test_adaptive_policy import LIGHT
 
-    # The synthetic models decide here: without the guard, which would (rightly) block the
-    # drafting LIGHT asks for once it measures that drafting is slower on this CPU.
-    sched = spec_scheduler(
-        tiny_model_dir,
-        draft_dir,
-        speculative_adaptive=True,
-        speculative_adaptive_config=json.dumps({"guard": False}),
-    )
-    ctl = sched.spec.adaptive
-    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
-    outs: dict = {}
-    p = prompt(30, seed=4)
-    submit(sched, "t0", p, GREEDY)
-    run_until_idle(sched, outs)
+    sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
     assert ctl.drafting_off()
     ctl.time_model = LIGHT  # drafting pays from now on
-    for k in (1, 2):
-        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(5, seed=5 + k)
-        submit(sched, f"t{k}", p, GREEDY)
-        run_until_idle(sched, outs)
+    next_turns(sched, outs, p, (1, 2), n=5, seed=5)
     assert outs["t1"]["meta"]["spec_num_proposed_drafts"] == 0  # admitted while off
     assert not ctl.drafting_off()
     assert outs["t2"]["meta"]["spec_num_proposed_drafts"] > 0
@@ -228,30 +244,13 @@ def test_long_target_only_contexts_do_not_count_as_catch_up(tiny_model_dir, draf
     counted kv_len - draft_kv_len for them: 1302 positions here)."""
     from test_adaptive_policy import synthetic
 
-    sched = spec_scheduler(
-        tiny_model_dir,
-        draft_dir,
-        speculative_adaptive=True,
-        speculative_adaptive_config=json.dumps({"guard": False}),
-    )
-    ctl = sched.spec.adaptive
-    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
-    outs: dict = {}
-    p = prompt(30, seed=4)
-    submit(sched, "t0", p, GREEDY)
-    run_until_idle(sched, outs)
-    for k in (1, 2, 3):  # speculation off: long target-only turns
-        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(400, seed=20 + k)
-        submit(sched, f"t{k}", p, GREEDY)
-        run_until_idle(sched, outs)
+    sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
+    p = next_turns(sched, outs, p, (1, 2, 3), n=400, seed=20)  # off: long target-only turns
     assert ctl.drafting_off()
     ctl.time_model = synthetic(
         const=4e-3, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4
     )  # pays at short catch-ups, not at a 1300-position one
-    for k in (4, 5):
-        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(5, seed=5 + k)
-        submit(sched, f"t{k}", p, GREEDY)
-        run_until_idle(sched, outs)
+    next_turns(sched, outs, p, (4, 5), n=5, seed=5)
     assert outs["t4"]["meta"]["spec_num_proposed_drafts"] == 0  # admitted while off
     assert outs["t5"]["meta"]["spec_num_proposed_drafts"] > 0  # speculation came back on
     sched.kv.check_accounting()
@@ -265,30 +264,13 @@ def test_moderate_target_only_contexts_let_speculation_come_back(tiny_model_dir,
     off for the rest of the conversation (found by a review helper, seventeenth session)."""
     from test_adaptive_policy import synthetic
 
-    sched = spec_scheduler(
-        tiny_model_dir,
-        draft_dir,
-        speculative_adaptive=True,
-        speculative_adaptive_config=json.dumps({"guard": False}),
-    )
-    ctl = sched.spec.adaptive
-    ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays
-    outs: dict = {}
-    p = prompt(30, seed=4)
-    submit(sched, "t0", p, GREEDY)
-    run_until_idle(sched, outs)
-    for k in (1, 2):
-        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(300, seed=20 + k)
-        submit(sched, f"t{k}", p, GREEDY)
-        run_until_idle(sched, outs)
+    sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
+    p = next_turns(sched, outs, p, (1, 2), n=300, seed=20)
     assert ctl.drafting_off()
     ctl.time_model = synthetic(
         const=4e-3, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4
     )
-    for k in (3, 4, 5, 6):
-        p = p + outs[f"t{k - 1}"]["output_ids"] + prompt(5, seed=5 + k)
-        submit(sched, f"t{k}", p, GREEDY)
-        run_until_idle(sched, outs)
+    next_turns(sched, outs, p, (3, 4, 5, 6), n=5, seed=5)
     assert any(outs[f"t{k}"]["meta"]["spec_num_proposed_drafts"] > 0 for k in (4, 5, 6))
     sched.kv.check_accounting()
 
