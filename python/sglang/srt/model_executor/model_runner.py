@@ -136,14 +136,12 @@ class ModelRunner:
             if self.hidden_width
             else None
         )
-        if self.hidden_pool is not None:
-            logger.info(
-                "KV cache: %d tokens, with a hidden state pool of width %d for the draft",
-                self.max_total_num_tokens,
-                self.hidden_width,
-            )
-        else:
-            logger.info("KV cache: %d tokens", self.max_total_num_tokens)
+        pool = f", with a hidden state pool of width {self.hidden_width} for the draft"
+        logger.info(
+            "KV cache: %d tokens%s",
+            self.max_total_num_tokens,
+            pool if self.hidden_pool is not None else "",
+        )
 
     def init_cuda_graphs(
         self, capture_hidden_mode: CaptureHiddenMode = CaptureHiddenMode.NULL, max_extend_len=1
