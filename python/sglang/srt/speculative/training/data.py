@@ -8,6 +8,7 @@ call, under the tokenizer's chat template, so the draft learns the target's dist
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import random
@@ -69,8 +70,10 @@ def sharegpt_first_turns(
 
 
 def load_prompts_file(path: str) -> list[str]:
-    """Prompts from a JSON list or a JSONL file; items are strings or {"prompt": str}."""
-    with open(path, encoding="utf-8") as f:
+    """Prompts from a JSON list or a JSONL file, gzip-compressed when the name ends in .gz;
+    items are strings or {"prompt": str}."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         text = f.read()
     try:
         items = json.loads(text)
