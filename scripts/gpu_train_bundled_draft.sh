@@ -9,20 +9,21 @@
 # MODEL=/path/to/model.gguf|hf_dir. Everything is plain env knobs (defaults below).
 #
 # train: (1) scripts/prepare_draft_data.py --regenerate-into: the target answers the ShareGPT
-# prompts of benchmark/data/sharegpt_train_prompts.jsonl in order, greedily, in batched chunks
+# prompts of benchmark/data/sharegpt_train_prompts_all_turns.jsonl.gz in order, greedily, in batched chunks
 # sized from the measured throughput, and stops before GEN_BUDGET_S (counted from its start,
 # engine start-up and GGUF conversion included). (2) python -m sglang.train_eagle3 reuses those
 # sequences (train_state/sequences.json) and trains for
 #   steps = min(MAX_STEPS, max(MIN_STEPS, min(ceil(EPOCHS * train sequences / BATCH_SIZE),
 #                                             (TOTAL_BUDGET_S - elapsed - reserve) / STEP_S_EST)))
-# where reserve covers target load, state capture and the final evaluation. The checkpoint is
+# where reserve covers target load, state capture (Triton attention, states kept on the GPU) and
+# the final evaluation. The checkpoint is
 # trained in WORK (default /tmp/smollm2_eagle3, kept for call 2 while the machine stays warm).
 # Back in $OUT (at most 8 files of 16 MiB): smollm2_eagle3/config.json, the bf16
 # model.safetensors (~19 MB) split in 15 MiB parts (join: cat model.safetensors.part* >
-# model.safetensors; sha256 in model.safetensors.sha256), train.log, metrics.jsonl,
-# run_summary.json (phase timings, regeneration stats, simulated accept lengths) and
-# sequences.json.gz (the regenerated data: put it back as WORK/train_state/sequences.json to
-# train longer without regenerating).
+# model.safetensors; sha256 in model.safetensors.sha256), train.log, metrics.jsonl and
+# run_summary.json (phase timings, regeneration stats, simulated accept lengths). The
+# regenerated data stays in WORK/train_state/sequences.json (tens of MB: over what comes back)
+# while the machine is warm; a later call can train longer on it without regenerating.
 #
 # Knobs when the time does not fit: GEN_BUDGET_S (data volume; decode speed of the attention
 # backend decides how many prompts that buys), MAX_NEW_TOKENS, MAX_STEPS / EPOCHS, BATCH_SIZE,
@@ -33,18 +34,18 @@ MODE=${1:-train}
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=${TQDM_MININTERVAL:-10}
 PY=${PY:-python3}
 WORK=${WORK:-/tmp/smollm2_eagle3}
-PROMPTS=${PROMPTS:-benchmark/data/sharegpt_train_prompts.jsonl}
-NUM_PROMPTS=${NUM_PROMPTS:-4000}
+PROMPTS=${PROMPTS:-benchmark/data/sharegpt_train_prompts_all_turns.jsonl.gz}
+NUM_PROMPTS=${NUM_PROMPTS:-28000}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-256}
-GEN_BUDGET_S=${GEN_BUDGET_S:-240}
-TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-480}
+GEN_BUDGET_S=${GEN_BUDGET_S:-200}
+TOTAL_BUDGET_S=${TOTAL_BUDGET_S:-540}
 FIRST_CHUNK=${FIRST_CHUNK:-64}
 MAX_CHUNK=${MAX_CHUNK:-1024}
-BATCH_SIZE=${BATCH_SIZE:-16}
+BATCH_SIZE=${BATCH_SIZE:-32}
 EPOCHS=${EPOCHS:-4}
 MIN_STEPS=${MIN_STEPS:-50}
-MAX_STEPS=${MAX_STEPS:-1500}
-STEP_S_EST=${STEP_S_EST:-0.1}
+MAX_STEPS=${MAX_STEPS:-3000}
+STEP_S_EST=${STEP_S_EST:-0.08}
 LR=${LR:-1e-3}
 TTT_STEPS=${TTT_STEPS:-3}
 DRAFT_VOCAB=${DRAFT_VOCAB:-8192}
@@ -97,7 +98,7 @@ st = json.load(open(sys.argv[1] + "/train_state/regen_stats.json"))
 n, tok = st["sequences"], st["total_tokens"]
 n_train = n - int(n * 0.05)  # TrainConfig.eval_fraction
 by_epochs = math.ceil($EPOCHS * n_train / $BATCH_SIZE)
-reserve = 60 + tok / 40000  # target load + state capture (~40k tok/s) + final eval and save
+reserve = 60 + tok / 200000  # target load + state capture + final eval and save
 by_time = int(($TOTAL_BUDGET_S - int(sys.argv[2]) - reserve) / $STEP_S_EST)
 print(n, tok, min($MAX_STEPS, max($MIN_STEPS, min(by_epochs, by_time))))
 EOF
@@ -118,7 +119,6 @@ cp "$WORK/config.json" "$OUT/smollm2_eagle3/"
 split -b 15M -d -a 1 "$WORK/model.safetensors" "$OUT/smollm2_eagle3/model.safetensors.part"
 (cd "$WORK" && sha256sum model.safetensors) > "$OUT/smollm2_eagle3/model.safetensors.sha256"
 cp "$WORK/train_state/metrics.jsonl" "$OUT/"
-gzip -c "$WORK/train_state/sequences.json" > "$OUT/sequences.json.gz"
 "$PY" - "$WORK" "$OUT/run_summary.json" "$T0" "$T1" "$T2" "$STEPS" <<'EOF'
 import json, os, sys
 work, dst, t0, t1, t2, steps = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])

@@ -18,6 +18,7 @@ from sglang.srt.speculative.draft_config import aux_layer_ids, load_draft_model
 from sglang.srt.speculative.training.capture import capture_target_states, collate
 from sglang.srt.speculative.training.data import (
     TrainingSequence,
+    load_prompts_file,
     load_sequences,
     select_draft_vocab,
 )
@@ -200,3 +201,45 @@ def test_cli(capsys, tmp_path):
     assert (args.steps, args.lr, args.ttt_steps, args.resume) == (5, 0.1, 3, False)
     with pytest.raises(ValueError, match="--ttt-steps must be >= 3"):
         main(["--output-dir", str(tmp_path), "--ttt-steps", "2"])
+
+
+def test_capture_with_triton_equals_torch_native(tiny_model_dir):
+    """The Triton capture (the default on CUDA; here compiled on a GPU or interpreted on CPU)
+    gives the torch_native capture's states, across ragged sequences and capture batches, and
+    collate builds the padded batch where the states live."""
+    from sglang.test.triton_interpreter import DEVICE
+
+    mc = ModelConfig(tiny_model_dir, device=DEVICE)
+    target = get_model(mc, device=DEVICE)
+    gen = torch.Generator().manual_seed(0)
+    lens = [7, 19, 3, 12]
+    seqs = [
+        TrainingSequence(torch.randint(5, mc.vocab_size, (n,), generator=gen).tolist(), 2)
+        for n in lens
+    ]
+    kw = dict(max_batch_tokens=24, max_batch_seqs=4)  # groups [7, 3 + 12 ...]: two forwards
+    layers = [-1, 0, 1]  # the tiny target has 2 layers: embedding, layer 0 and 1 outputs
+    ref = capture_target_states(
+        target, mc, seqs, layers, DEVICE, attention_backend="torch_native", **kw
+    )
+    got = capture_target_states(
+        target, mc, seqs, layers, DEVICE, store_device=DEVICE, attention_backend="triton", **kw
+    )
+    for (ra, rf), (ga, gf), n in zip(ref, got, lens, strict=True):
+        assert ra.device.type == "cpu" and ga.device.type == torch.device(DEVICE).type
+        assert ga.shape == (n, 3 * mc.hf_config.hidden_size) and gf.shape == (n, rf.shape[1])
+        torch.testing.assert_close(ga.cpu(), ra, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(gf.cpu(), rf, atol=2e-4, rtol=2e-4)
+    batch = collate(seqs, got, DEVICE, torch.float32)
+    assert batch.aux.shape == (4, 19, ga.shape[1]) and batch.input_ids[2, 3:].eq(0).all()
+    assert torch.equal(batch.aux[1], got[1][0]) and batch.aux[2, 3:].eq(0).all()
+
+
+def test_load_prompts_file_gzip(tmp_path):
+    import gzip
+
+    rows = [{"prompt": "one"}, {"prompt": "two\nlines"}]
+    path = tmp_path / "p.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_prompts_file(str(path)) == ["one", "two\nlines"]

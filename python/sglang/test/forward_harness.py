@@ -1,8 +1,8 @@
 """ForwardHarness: the smallest runner that drives a model over the real pools, for tests.
 
-It owns a ReqToTokenPool, an MHATokenToKVPool, a TokenToKVPoolAllocator and the torch_native
-attention backend, remembers each request's KV length, and builds ragged extend ForwardBatches
-by hand, the way the scheduler + ModelRunner would.
+It owns a ReqToTokenPool, an MHATokenToKVPool, a TokenToKVPoolAllocator and an attention
+backend (torch_native unless told otherwise), remembers each request's KV length, and builds
+ragged extend ForwardBatches by hand, the way the scheduler + ModelRunner would.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -33,6 +33,7 @@ class ForwardHarness:
         max_total_tokens: int = 4096,
         max_requests: int = 8,
         device: str = "cpu",
+        attention_backend: str = "torch_native",
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -46,7 +47,8 @@ class ForwardHarness:
             device,
         )
         self.allocator = TokenToKVPoolAllocator(max_total_tokens)
-        self.attn_backend = TorchNativeAttnBackend()
+        # create_attention_backend reads the runner's device (triton/flashinfer check it)
+        self.attn_backend = create_attention_backend(attention_backend, self)
         self.kv_lens: dict[int, int] = {}  # request slot -> tokens with KV in the pool
 
     def new_request(self) -> int:

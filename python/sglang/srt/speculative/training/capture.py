@@ -37,10 +37,16 @@ def capture_target_states(
     max_batch_tokens: int = 8192,
     max_batch_seqs: int = 64,
     store_dtype: torch.dtype | None = None,
+    store_device: str = "cpu",
+    attention_backend: str | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per sequence: (aux [L, 3 * H], final [L, H]) on CPU in store_dtype (default: the model
-    dtype). layer_ids: the draft's eagle_aux_hidden_state_layer_ids (None: upstream default).
+    """Per sequence: (aux [L, 3 * H], final [L, H]) on store_device in store_dtype (default:
+    the model dtype). layer_ids: the draft's eagle_aux_hidden_state_layer_ids (None: upstream
+    default). attention_backend: None picks our Triton kernels on CUDA (the torch_native
+    backend loops over requests: ~21k tokens/s on an H200) and torch_native elsewhere.
     """
+    if attention_backend is None:
+        attention_backend = "triton" if torch.device(device).type == "cuda" else "torch_native"
     model.set_eagle3_layers_to_capture(layer_ids)
     lengths = [len(s.input_ids) for s in seqs]
     longest = max(lengths)
@@ -50,6 +56,7 @@ def capture_target_states(
         max_total_tokens=max(max_batch_tokens, longest),
         max_requests=max_batch_seqs,
         device=device,
+        attention_backend=attention_backend,
     )
     out: list[tuple[torch.Tensor, torch.Tensor]] = []
     for group in _token_batches(lengths, max_batch_tokens, max_batch_seqs):
@@ -66,7 +73,7 @@ def capture_target_states(
         dtype = store_dtype or final.dtype
         sizes = [lengths[i] for i in group]
         for a, f in zip(aux_cat.split(sizes), final.split(sizes), strict=True):
-            out.append((a.to("cpu", dtype), f.to("cpu", dtype)))
+            out.append((a.to(store_device, dtype), f.to(store_device, dtype)))
     return out
 
 
@@ -76,12 +83,15 @@ def collate(
     device: str | torch.device,
     dtype: torch.dtype,
 ) -> TTTBatch:
-    """Right-pad sequences (id 0, zero states) into a TTTBatch on `device` in `dtype`."""
+    """Right-pad sequences (id 0, zero states) into a TTTBatch on `device` in `dtype` (the
+    padded states are assembled where the states live: no round trip through the host when
+    they are already on `device`)."""
     lengths = [len(s.input_ids) for s in seqs]
     bsz, longest = len(seqs), max(lengths)
+    where = states[0][0].device
     ids = torch.zeros(bsz, longest, dtype=torch.int64)
-    aux = torch.zeros(bsz, longest, states[0][0].shape[-1], dtype=dtype)
-    final = torch.zeros(bsz, longest, states[0][1].shape[-1], dtype=dtype)
+    aux = torch.zeros(bsz, longest, states[0][0].shape[-1], dtype=dtype, device=where)
+    final = torch.zeros(bsz, longest, states[0][1].shape[-1], dtype=dtype, device=where)
     for i, (s, (a, f)) in enumerate(zip(seqs, states, strict=True)):
         n = lengths[i]
         ids[i, :n] = torch.tensor(s.input_ids)

@@ -168,8 +168,17 @@ def _setup(cfg: TrainConfig) -> _Setup:
     draft_cfg = draft_config_for_target(mc.hf_config, int(hot.numel()))
     layer_ids = aux_layer_ids(build_draft_hf_config(draft_cfg), mc.num_hidden_layers)
     t0 = time.perf_counter()
+    # on CUDA the states stay in device memory (an H200 holds ~30M tokens' worth for
+    # SmolLM2), so collating a batch is a device gather, not a host-to-device copy
     states = capture_target_states(
-        target, mc, seqs, layer_ids, device, cfg.capture_batch_tokens, store_dtype=dtype
+        target,
+        mc,
+        seqs,
+        layer_ids,
+        device,
+        cfg.capture_batch_tokens,
+        store_dtype=dtype,
+        store_device=device if device.startswith("cuda") else "cpu",
     )
     logger.info(
         "Captured target states of %d sequences in %.1f s", len(seqs), time.perf_counter() - t0
