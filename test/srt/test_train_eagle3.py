@@ -243,3 +243,41 @@ def test_load_prompts_file_gzip(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     assert load_prompts_file(str(path)) == ["one", "two\nlines"]
+
+
+def test_every_trainable_parameter_gets_a_gradient(trained, tiny_model_dir):
+    """One training-time-test backward reaches every trainable draft parameter (fc included)
+    and matches the CPU gradients. On CUDA this is the check that the layers' fused
+    Triton kernels, which have no backward, stay out of the way when autograd records
+    (needs_autograd): before that, RMSNorm ran in Triton and cut fc and the norms off."""
+    from sglang.srt.layers.triton_kernels import needs_autograd
+    from sglang.srt.speculative.training.draft_init import trainable_parameters
+    from sglang.test.triton_interpreter import DEVICE
+
+    out, _ = trained
+    x = torch.ones(2, requires_grad=True)
+    assert needs_autograd(None, x) and not needs_autograd(x.detach())
+    with torch.no_grad():
+        assert not needs_autograd(x)
+    grads = []  # [reference, device]
+    for dev in ("cpu", DEVICE):
+        dtype = torch.float32
+        mc = ModelConfig(tiny_model_dir, device=dev)
+        target = get_model(mc, device=dev)
+        draft = load_draft_model(out, target, mc, dev).to(dtype)
+        params = dict(draft.named_parameters())
+        names = [n for n, p in params.items() if any(p is q for q in trainable_parameters(draft))]
+        for n in names:
+            params[n].requires_grad_(True)
+        seqs = load_sequences(os.path.join(out, "train_state", "sequences.json"))[:2]
+        layers = aux_layer_ids(draft.config, mc.num_hidden_layers)
+        states = capture_target_states(target, mc, seqs, layers, dev, store_dtype=dtype)
+        _, head = target.get_embed_and_head()
+        outs = ttt_unroll(draft, collate(seqs, states, dev, dtype), head.to(dtype), 3)
+        sum(o.loss for o in outs).backward()
+        grads.append({n: params[n].grad for n in names})
+    ref, got = grads
+    assert any(n.startswith("fc") for n in ref)
+    for n, g in got.items():
+        assert g is not None and g.abs().sum() > 0, n
+        torch.testing.assert_close(g.cpu(), ref[n], atol=1e-3, rtol=1e-2)

@@ -30,7 +30,7 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if use_triton_kernels(x):
+        if use_triton_kernels(x, self.weight, residual):
             from sglang.srt.layers.triton_kernels.rmsnorm import rmsnorm
 
             return rmsnorm(x, self.weight, self.variance_epsilon, residual)

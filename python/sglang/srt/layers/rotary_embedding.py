@@ -88,7 +88,7 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if use_triton_kernels(query):  # in place on CUDA (positions are not range-checked)
+        if use_triton_kernels(query, key):  # in place on CUDA (positions are not range-checked)
             from sglang.srt.layers.triton_kernels.rotary import rotary_embedding_
 
             return rotary_embedding_(

@@ -1,9 +1,11 @@
 """Fused Triton kernels for the CUDA path (RMSNorm with residual add, SiLU-and-mul, RoPE, KV
 store), and a GEMV for the linear layers at one row.
 
-The layers in ``sglang.srt.layers`` call these only when ``use_triton_kernels(tensor)`` is true:
-the tensor is on CUDA, triton is importable and SGLANG_DISABLE_TRITON_KERNELS is not set.
-Otherwise the plain PyTorch code runs (the CPU path, which is also the tests' reference).
+The layers in ``sglang.srt.layers`` call these only when ``use_triton_kernels(tensor, ...)`` is
+true: the tensor is on CUDA, triton is importable, SGLANG_DISABLE_TRITON_KERNELS is not set and
+autograd is not recording through any of the given tensors (the kernels have no backward: draft
+training, ``sglang.train_eagle3``, runs the same layers with gradients). Otherwise the plain
+PyTorch code runs (the CPU path, which is also the tests' reference).
 The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
 ``use_triton_gemv(x, weight)`` is true; SGLANG_TRITON_GEMV=0 turns it off (on by default since
 the H200 measured it: Llama-3.1-8B-shaped batch-1 decode 4.97 -> 4.54 ms per step, roofline
@@ -49,9 +51,16 @@ def _triton_enabled() -> bool:
 TRITON_KERNELS_ENABLED: bool = _triton_enabled()
 
 
-def use_triton_kernels(tensor: torch.Tensor) -> bool:
-    """True when the fused Triton kernels should handle this tensor (CUDA and enabled)."""
-    return TRITON_KERNELS_ENABLED and tensor.is_cuda
+def needs_autograd(*tensors: torch.Tensor | None) -> bool:
+    """True when autograd records an op on these tensors (grad mode on and one of them requires
+    grad): the Triton kernels have no backward, so such an op must stay in PyTorch."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def use_triton_kernels(tensor: torch.Tensor, *more: torch.Tensor | None) -> bool:
+    """True when the fused Triton kernels should handle this op on `tensor` (and `more`, the
+    op's other tensor inputs and weights): CUDA, enabled, and no gradient to record."""
+    return TRITON_KERNELS_ENABLED and tensor.is_cuda and not needs_autograd(tensor, *more)
 
 
 def _triton_gemv_enabled() -> bool:
@@ -87,8 +96,14 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when ``x @ weight.T`` should go to the Triton GEMV (``gemv.gemv``): the GEMV is
     enabled (SGLANG_TRITON_GEMV not "0"), x is on CUDA and gemv_applies(x, weight). Anything else
-    stays on F.linear / torch.matmul (which raise their own errors on bad shapes)."""
-    return TRITON_GEMV_ENABLED and x.is_cuda and gemv_applies(x, weight)
+    stays on F.linear / torch.matmul (which raise their own errors on bad shapes), and so does
+    an op autograd records (needs_autograd)."""
+    return (
+        TRITON_GEMV_ENABLED
+        and x.is_cuda
+        and gemv_applies(x, weight)
+        and not needs_autograd(x, weight)
+    )
 
 
 GEMV_PROLOGUE_KINDS = ("norm", "silu")
@@ -146,4 +161,4 @@ def use_fused_rope_kv(tensor: torch.Tensor) -> bool:
     """True when RoPE and the KV store may run as one kernel for this tensor (CUDA, the Triton
     kernels enabled, SGLANG_FUSED_ROPE_KV not "0"); the step's own conditions are checked by
     layers/fused_rope_kv.fused_rope_kv_applies."""
-    return FUSED_ROPE_KV_ENABLED and tensor.is_cuda
+    return FUSED_ROPE_KV_ENABLED and tensor.is_cuda and not needs_autograd(tensor)

@@ -73,7 +73,8 @@ def capture_target_states(
         dtype = store_dtype or final.dtype
         sizes = [lengths[i] for i in group]
         for a, f in zip(aux_cat.split(sizes), final.split(sizes), strict=True):
-            out.append((a.to(store_device, dtype), f.to(store_device, dtype)))
+            # copies: `final` may be a view of a buffer the next forward reuses
+            out.append((a.to(store_device, dtype, copy=True), f.to(store_device, dtype, copy=True)))
     return out
 
 

@@ -79,7 +79,9 @@ def load_prompts_file(path: str) -> list[str]:
         items = json.loads(text)
         items = items if isinstance(items, list) else [items]
     except json.JSONDecodeError:
-        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        items = [
+            json.loads(line) for line in text.split("\n") if line.strip()
+        ]  # not splitlines: U+2028 inside a string
     return [it if isinstance(it, str) else it["prompt"] for it in items]
 
 
