@@ -261,8 +261,8 @@ def test_every_trainable_parameter_gets_a_gradient(trained, tiny_model_dir):
         assert not needs_autograd(x)
     grads = []  # [reference, device]
     for dev in ("cpu", DEVICE):
-        dtype = torch.float32
-        mc = ModelConfig(tiny_model_dir, device=dev)
+        dtype = torch.float32  # the target too: on CUDA "auto" would load it in bf16
+        mc = ModelConfig(tiny_model_dir, dtype="float32", device=dev)
         target = get_model(mc, device=dev)
         draft = load_draft_model(out, target, mc, dev).to(dtype)
         params = dict(draft.named_parameters())
