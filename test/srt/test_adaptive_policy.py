@@ -966,3 +966,45 @@ def test_prev_draft_lens_follow_every_observed_step():
         c.observe(reqs, lens, acc, 1e-3, step)
         ref.update(zip(slots, lens, strict=True))
         assert c.prev.tolist() == [ref[s] for s in range(12)]
+
+
+def test_amortized_pending_formula():
+    """K + 1 positions in full, the rest spread over min(remaining, horizon) steps (>= 1)."""
+    from sglang.srt.speculative.adaptive.policy import amortized_pending
+
+    got = amortized_pending(
+        np.array([3, 40, 40, 1000, 40]), np.array([100, 100, 4, 0, 100]), steady=6, horizon=16
+    )
+    np.testing.assert_allclose(got, [3.0, 6 + 34 / 16, 6 + 34 / 4, 6 + 994, 6 + 34 / 16])
+    np.testing.assert_allclose(amortized_pending(np.array([40]), np.array([100]), 6, 1), [40.0])
+
+
+def test_long_catch_up_is_spread_over_the_remaining_steps():
+    """A request lagging its draft by 500 positions (a prompt whose draft extend was deferred
+    while speculation was off) drafts under a light load once its catch-up is charged 1/16
+    per step; charged to one step (catchup_horizon 1), or with two tokens left, the 500-token
+    draft extend makes drafting lose. The step-time model's features of an observed drafting
+    step still count every position (observe), so what it learns is the real cost."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    # 10 ms per step, 0.1 ms per draft-model token: 500 positions cost 50 ms in one step
+    model = synthetic(const=1e-2, verify_tokens=1e-4, draft_tokens=1e-4, spec_on=3e-4)
+    lagging = pending_req(0, kv_len=510)
+    lagging.draft.draft_kv_len = 10
+
+    def choose(horizon: int, remaining: int) -> int:
+        cfg = parse_adaptive_config(json.dumps({"catchup_horizon": horizon, "guard": False}))
+        ctl = AdaptiveController(cfg, K, num_slots=2)
+        ctl.time_model = model
+        return ctl.choose([lagging], [K], [remaining])[0]
+
+    assert choose(16, 200) == K
+    assert choose(1, 200) == 0
+    assert choose(16, 2) == 0
+    # a request one position behind drafts either way: the horizon only moves long lags
+    cfg = parse_adaptive_config(json.dumps({"catchup_horizon": 1, "guard": False}))
+    ctl = AdaptiveController(cfg, K, num_slots=2)
+    ctl.time_model = model
+    assert ctl.choose([pending_req(1)], [K])[0] == K
+    x = allocation_features([K], [500], 510)
+    assert x[FEATURES.index("draft_tokens")] == 500 + K - 1

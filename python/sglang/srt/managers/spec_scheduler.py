@@ -139,13 +139,14 @@ class SpecScheduler:
         caps = [self.draft_len_cap(r) for r in reqs]
         if a is None:
             return caps
+        left = [r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs]
         if not any(caps) and a.drafting_off():
             # Nobody can draft (e.g. all took target-only prefixes while speculation was off):
             # the policy still decides whether drafting would pay at their length caps, else
             # it would never run again and speculation would stay off for good.
-            a.choose(reqs, [self.length_cap(r) for r in reqs])
+            a.choose(reqs, [self.length_cap(r) for r in reqs], left)
             return caps
-        return a.choose(reqs, caps)
+        return a.choose(reqs, caps, left)
 
     # ---------------------------------------------------------------- plan
     def build_plan(self, batch: ScheduleBatch) -> SpecPlan:

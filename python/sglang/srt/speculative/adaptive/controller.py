@@ -18,7 +18,7 @@ import numpy as np
 
 from sglang.srt.speculative.adaptive.acceptance import AcceptanceTracker
 from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
-from sglang.srt.speculative.adaptive.policy import BatchView
+from sglang.srt.speculative.adaptive.policy import BatchView, amortized_pending
 from sglang.srt.speculative.adaptive.registry import AdaptiveConfig, build_policy
 from sglang.srt.speculative.adaptive.step_time_model import (
     StepTimeModel,
@@ -144,9 +144,16 @@ class AdaptiveController:
         baselines, which do what they are configured to do."""
         return self._all_zero and self.cfg.defer_draft_extend
 
-    def choose(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
+    def choose(
+        self,
+        reqs: Sequence[Any],
+        caps: Sequence[int],
+        remaining: Sequence[int] | None = None,
+    ) -> list[int]:
         """Draft length per request, each in [0, caps[i]] (see reuse_zero, which callers
-        check first)."""
+        check first). remaining: [n] output tokens each request may still generate, the
+        horizon over which the goodput policy spreads a long catch-up (amortized_pending;
+        None: cfg.catchup_horizon for every request)."""
         if not reqs or max(caps) == 0:
             self._zero_left = 0
             return [0] * len(reqs)
@@ -154,7 +161,7 @@ class AdaptiveController:
         if guard is not None and guard.blocks(len(reqs)):
             chosen = [0] * len(reqs)  # drafting delivered less at this batch size lately
         else:
-            chosen = self._run_policy(reqs, caps)
+            chosen = self._run_policy(reqs, caps, remaining)
         if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
             self._zero_window = self.cfg.recheck_every
         self._all_zero = self.policy.name == "goodput" and not any(chosen)
@@ -174,12 +181,17 @@ class AdaptiveController:
             self._zero_window = min(2 * window, cap)
         return chosen
 
-    def _run_policy(self, reqs: Sequence[Any], caps: Sequence[int]) -> list[int]:
+    def _run_policy(
+        self, reqs: Sequence[Any], caps: Sequence[int], remaining: Sequence[int] | None
+    ) -> list[int]:
         slots = [r.req_pool_idx for r in reqs]
+        horizon = self.cfg.catchup_horizon
+        pending = np.array([pending_positions(r) for r in reqs], dtype=np.int64)
+        left = np.full(len(reqs), horizon) if remaining is None else np.asarray(remaining)
         view = BatchView(
             caps=np.asarray(caps, dtype=np.int64),
             alphas=self.tracker.alphas(slots),
-            pending=np.array([pending_positions(r) for r in reqs], dtype=np.int64),
+            pending=amortized_pending(pending, left, self.k + 1, horizon),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )

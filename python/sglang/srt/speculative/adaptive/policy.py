@@ -22,6 +22,16 @@ maximises sum_r E[tokens_r(d_r)] / T(d) over 0 <= d_r <= cap_r:
    margin `hysteresis`, so a stable input does not flap between drafting and not drafting.
 
 When no prefix beats all zeros, every d_r is 0 and the step is a plain decode.
+
+Catch-up cost: a request that did not draft for a while (or whose prefill deferred its draft
+extend) lags its draft by many positions, and its first drafting step runs the catch-up extend
+over all of them. That is paid once: afterwards each drafting step catches up over at most
+K + 1 positions. Charging the whole catch-up to one step would make drafting look costly
+until the lag was gone, which it never is without drafting, so a long prompt admitted while
+speculation was off would never draft. The controller charges the step the positions up to
+K + 1 and 1/h of the rest (amortized_pending), h = the request's remaining output tokens
+capped at `catchup_horizon`: spreading a one-time cost C over the h steps it enables turns
+h E / (C + h T) into E / (T + C / h), the rate the policy maximises.
 """
 
 from __future__ import annotations
@@ -43,7 +53,8 @@ class BatchView:
 
     caps: [n] int64, largest allowed d_r this step (SpecScheduler.draft_len_cap);
     alphas: [n, K] float64, conditional acceptance per draft position;
-    pending: [n] int64, catch-up positions the draft extend would process if r drafts;
+    pending: [n] float64, catch-up positions charged to this step if r drafts (the draft
+        extend covers all of r's pending positions; see amortized_pending);
     prev: [n] int64, r's draft length in its previous decode step (-1: none yet);
     kv_tokens: context tokens of the batch.
     """
@@ -57,6 +68,19 @@ class BatchView:
     @property
     def size(self) -> int:
         return len(self.caps)
+
+
+def amortized_pending(
+    pending: np.ndarray, remaining: np.ndarray, steady: int, horizon: int
+) -> np.ndarray:
+    """[n] float64 catch-up positions to charge this step for requests that would catch up
+    over pending [n] positions (int64) and may still generate remaining [n] tokens (int64):
+    the first `steady` positions (K + 1, a drafting request's usual catch-up) in full, the
+    rest spread over h = min(max(remaining, 1), horizon) steps (see the module docstring).
+    horizon 1 charges everything to this step."""
+    p = np.asarray(pending, dtype=np.float64)
+    h = np.clip(np.asarray(remaining, dtype=np.float64), 1.0, float(max(horizon, 1)))
+    return np.minimum(p, steady) + np.maximum(p - steady, 0.0) / h
 
 
 def expected_batch_tokens(alphas: np.ndarray, d: np.ndarray) -> float:

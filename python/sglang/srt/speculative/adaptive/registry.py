@@ -27,7 +27,11 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "guard": true,                              # goodput: block drafting at batch sizes
      "guard_margin": 0.03,                       # where drafting steps delivered fewer tokens
      "guard_min_steps": 16,                      # per second than plain ones (goodput_guard)
-     "guard_backoff": 256, "guard_backoff_max": 8192}
+     "guard_backoff": 256, "guard_backoff_max": 8192,
+     "catchup_horizon": 16}                      # goodput: a catch-up beyond K + 1 positions
+                                                 # is charged 1/h per step, h = min(this,
+                                                 # the request's remaining tokens); 1 = all
+                                                 # to the drafting step
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class AdaptiveConfig:
     guard_min_steps: int = 16
     guard_backoff: int = 256
     guard_backoff_max: int = 8192
+    catchup_horizon: int = 16
 
 
 def _js(v: Any) -> str:
@@ -152,6 +157,7 @@ _CHECKS = {
     "hysteresis": lambda v: _number("hysteresis", v, 0.0, 1.0),
     "recheck_every": lambda v: _int("recheck_every", v, 1),
     "recheck_max": lambda v: _int("recheck_max", v, 1),
+    "catchup_horizon": lambda v: _int("catchup_horizon", v, 1),
     "initial_accept": lambda v: _number("initial_accept", v, 0.0, 1.0),
     "server_prior_count": lambda v: _number("server_prior_count", v, 0.0, 1e9, lo_open=True),
     "prior_strength": lambda v: _number("prior_strength", v, 0.0, 1e9, lo_open=True),

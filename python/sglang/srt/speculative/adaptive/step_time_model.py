@@ -87,12 +87,13 @@ def plain_step_features(bs: int, kv_tokens: int) -> np.ndarray:
 
 
 def allocation_features(
-    draft_lens: Sequence[int] | np.ndarray, pending: Sequence[int] | np.ndarray, kv_tokens: int
+    draft_lens: Sequence[int] | np.ndarray, pending: Sequence[float] | np.ndarray, kv_tokens: int
 ) -> np.ndarray:
     """[F] features of one step where request i drafts draft_lens[i] tokens after catching up
-    over pending[i] positions (pending counts only where d_i > 0)."""
+    over pending[i] positions (pending counts only where d_i > 0; float where the policy
+    charges an amortized share of a long catch-up, policy.amortized_pending)."""
     d = np.asarray(draft_lens, dtype=np.int64)
-    p = np.asarray(pending, dtype=np.int64)
+    p = np.asarray(pending, dtype=np.float64)
     on = d > 0
     draft = float((p[on] + d[on] - 1).sum())
     steps = float(d.max(initial=0))
