@@ -23,9 +23,11 @@ Deterministic: the same packages and flags give byte-identical files.
 instead writes sharegpt_train_prompts_all_turns.jsonl.gz: the prompts of
 sharegpt_train_prompts.jsonl, in order, followed by N more drawn from *every* human turn of
 ShareGPT (first and later turns, each as a one-turn prompt), with the same filters, also kept
-apart from every record of benchmark/data/sharegpt_bench_conversations.json (the serving
-benchmark's held-out conversations). The larger training set of the bundled draft; gzip
-without a timestamp, so it is byte-identical too.
+apart from every record of the conversations in benchmark/data/sharegpt_bench_conversations.json
+(the serving benchmark's held-out conversations; ShareGPT V3 splits a long conversation into
+records <id>_0, <id>_1, ..., all of them excluded). The first-turn file itself predates that
+rule: some of its prompts come from later records of benchmark conversations. The larger
+training set of the bundled draft; gzip without a timestamp, so it is byte-identical too.
 
     python scripts/prepare_draft_data.py --regenerate-into OUT [--prompts-path FILE] \
         [--max-prompts 4000] [--max-new-tokens 256] [--time-budget-s 240] [--model-path P]
@@ -99,12 +101,20 @@ def sharegpt_first_turns() -> list[str]:
     return turns
 
 
-def sharegpt_human_turns(exclude_ids: set[str]) -> list[str]:
-    """Stripped human turns (first and later) of every record whose id is not in exclude_ids,
-    in file order."""
+def conversation_id(record_id: str) -> str:
+    """The conversation a ShareGPT V3 record belongs to: the split file cuts one long
+    conversation into records "<id>_0", "<id>_1", ..., so "<id>" (ids without a numeric
+    suffix are their own conversation)."""
+    base, _, part = record_id.rpartition("_")
+    return base if base and part.isdigit() else record_id
+
+
+def sharegpt_human_turns(exclude_conversations: set[str]) -> list[str]:
+    """Stripped human turns (first and later) of every record whose conversation
+    (conversation_id) is not in exclude_conversations, in file order."""
     turns = []
     for rec in sharegpt_records():
-        if rec.get("id") in exclude_ids:
+        if conversation_id(rec.get("id") or "") in exclude_conversations:
             continue
         for turn in rec.get("conversations") or []:
             if turn.get("from") == "human":
@@ -221,7 +231,11 @@ def write_all_turns(out_dir: str, extra: int, seed: int) -> dict:
     heldout += [h["prompt"] for h in _read_jsonl(os.path.join(out_dir, "humaneval_prompts.jsonl"))]
     heldout += [r["conversations"][0]["value"] for r in bench]
     taken = {normalize(p) for p in first}
-    turns = [t for t in sharegpt_human_turns({r["id"] for r in bench}) if normalize(t) not in taken]
+    # every record of a benchmark conversation stays out, not only the benchmarked one: later
+    # records of the same conversation continue its topic (a review found 1,807 such prompts
+    # in the first version of this file, which excluded record ids)
+    held_conversations = {conversation_id(r["id"]) for r in bench}
+    turns = [t for t in sharegpt_human_turns(held_conversations) if normalize(t) not in taken]
     more, stats = select_train_prompts(turns, heldout, extra, seed)
     path = os.path.join(out_dir, "sharegpt_train_prompts_all_turns.jsonl.gz")
     body = "".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in first + more)
