@@ -969,8 +969,15 @@ def test_prev_draft_lens_follow_every_observed_step():
 
 
 def test_amortized_pending_formula():
-    """K + 1 positions in full, the rest spread over min(remaining, horizon) steps (>= 1)."""
-    from sglang.srt.speculative.adaptive.policy import amortized_pending
+    """K + 1 positions in full, the rest spread over min(steps left, horizon) steps (>= 1);
+    steps left = tokens left over a drafting step's expected tokens at the request's cap."""
+    from sglang.srt.speculative.adaptive.policy import amortized_pending, drafting_steps_left
+
+    alphas = np.array([[0.5, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])
+    # cap 1: 1.5 tokens per step; cap 4: 1 + .5 + .25 + .125 + .0625 = 1.9375
+    np.testing.assert_allclose(
+        drafting_steps_left(np.array([3, 31]), alphas, np.array([1, 4])), [2.0, 16.0]
+    )
 
     got = amortized_pending(
         np.array([3, 40, 40, 1000, 40]), np.array([100, 100, 4, 0, 100]), steady=6, horizon=16
@@ -982,9 +989,10 @@ def test_amortized_pending_formula():
 def test_long_catch_up_is_spread_over_the_remaining_steps():
     """A request lagging its draft by 500 positions (a prompt whose draft extend was deferred
     while speculation was off) drafts under a light load once its catch-up is charged 1/16
-    per step; charged to one step (catchup_horizon 1), or with two tokens left, the 500-token
-    draft extend makes drafting lose. The step-time model's features of an observed drafting
-    step still count every position (observe), so what it learns is the real cost."""
+    per step; charged to one step (catchup_horizon 1), or with two tokens left (less than one
+    drafting step's expected tokens), the 500-token draft extend makes drafting lose. The
+    step-time model's features of an observed drafting step still count every position
+    (observe), so what it learns is the real cost."""
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
     # 10 ms per step, 0.1 ms per draft-model token: 500 positions cost 50 ms in one step

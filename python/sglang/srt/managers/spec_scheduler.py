@@ -126,9 +126,12 @@ class SpecScheduler:
         cap = self.num_steps
         if sp.max_draft_tokens is not None:
             cap = min(cap, sp.max_draft_tokens)
-        remaining = sp.max_new_tokens - len(req.output_ids)
-        room = self.s.model_config.context_len - req.seqlen
-        return max(0, min(cap, remaining - 1, room - 1))
+        return max(0, min(cap, self.tokens_left(req) - 1))
+
+    def tokens_left(self, req: Req) -> int:
+        """Tokens req may still generate: its output budget and its context room."""
+        remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return min(remaining, self.s.model_config.context_len - req.seqlen)
 
     def choose_draft_lens(self, reqs: list[Req]) -> list[int]:
         """Every request drafts its cap, or (--speculative-adaptive) what the policy picks
@@ -139,7 +142,7 @@ class SpecScheduler:
         caps = [self.draft_len_cap(r) for r in reqs]
         if a is None:
             return caps
-        left = [r.sampling_params.max_new_tokens - len(r.output_ids) for r in reqs]
+        left = [self.tokens_left(r) for r in reqs]
         if not any(caps) and a.drafting_off():
             # Nobody can draft (e.g. all took target-only prefixes while speculation was off):
             # the policy still decides whether drafting would pay at their length caps, else

@@ -18,7 +18,11 @@ import numpy as np
 
 from sglang.srt.speculative.adaptive.acceptance import AcceptanceTracker
 from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
-from sglang.srt.speculative.adaptive.policy import BatchView, amortized_pending
+from sglang.srt.speculative.adaptive.policy import (
+    BatchView,
+    amortized_pending,
+    drafting_steps_left,
+)
 from sglang.srt.speculative.adaptive.registry import AdaptiveConfig, build_policy
 from sglang.srt.speculative.adaptive.step_time_model import (
     StepTimeModel,
@@ -151,9 +155,10 @@ class AdaptiveController:
         remaining: Sequence[int] | None = None,
     ) -> list[int]:
         """Draft length per request, each in [0, caps[i]] (see reuse_zero, which callers
-        check first). remaining: [n] output tokens each request may still generate, the
-        horizon over which the goodput policy spreads a long catch-up (amortized_pending;
-        None: cfg.catchup_horizon for every request)."""
+        check first). remaining: [n] tokens each request may still generate (output budget
+        and context room), from which the goodput policy estimates the drafting steps over
+        which it spreads a long catch-up (drafting_steps_left, amortized_pending; None: a
+        full cfg.catchup_horizon for every request)."""
         if not reqs or max(caps) == 0:
             self._zero_left = 0
             return [0] * len(reqs)
@@ -187,11 +192,16 @@ class AdaptiveController:
         slots = [r.req_pool_idx for r in reqs]
         horizon = self.cfg.catchup_horizon
         pending = np.array([pending_positions(r) for r in reqs], dtype=np.int64)
-        left = np.full(len(reqs), horizon) if remaining is None else np.asarray(remaining)
+        caps_a = np.asarray(caps, dtype=np.int64)
+        alphas = self.tracker.alphas(slots)
+        if remaining is None:
+            steps = np.full(len(reqs), float(horizon))
+        else:
+            steps = drafting_steps_left(np.asarray(remaining), alphas, caps_a)
         view = BatchView(
-            caps=np.asarray(caps, dtype=np.int64),
-            alphas=self.tracker.alphas(slots),
-            pending=amortized_pending(pending, left, self.k + 1, horizon),
+            caps=caps_a,
+            alphas=alphas,
+            pending=amortized_pending(pending, steps, self.k + 1, horizon),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )
