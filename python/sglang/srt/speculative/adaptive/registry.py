@@ -30,8 +30,8 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "guard_backoff": 256, "guard_backoff_max": 8192,
      "catchup_horizon": 16}                      # goodput: a catch-up beyond K + 1 positions
                                                  # is charged 1/h per step, h = min(this,
-                                                 # the request's remaining tokens); 1 = all
-                                                 # to the drafting step
+                                                 # the request's drafting steps left); 1 =
+                                                 # all to the drafting step
 """
 
 from __future__ import annotations
