@@ -229,8 +229,8 @@ def triton_on_cpu(monkeypatch) -> dict[str, int]:
             return _real(*a, **kw)
 
         monkeypatch.setattr(gemv_prologue, name, spy)
-    monkeypatch.setattr(layernorm, "use_triton_kernels", lambda t: True)
-    monkeypatch.setattr(activation, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(layernorm, "use_triton_kernels", lambda t, *more: True)
+    monkeypatch.setattr(activation, "use_triton_kernels", lambda t, *more: True)
     monkeypatch.setattr(
         linear,
         "use_triton_gemv",

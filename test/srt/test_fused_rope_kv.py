@@ -246,8 +246,8 @@ def kernel_calls(monkeypatch) -> list[str]:
     monkeypatch.setattr(
         MHATokenToKVPool, "set_kv_buffer", lambda *a: calls.append("store") or store(*a)
     )
-    monkeypatch.setattr(rotary_embedding, "use_triton_kernels", lambda t: True)
-    monkeypatch.setattr(memory_pool, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(rotary_embedding, "use_triton_kernels", lambda t, *more: True)
+    monkeypatch.setattr(memory_pool, "use_triton_kernels", lambda t, *more: True)
     gate = lambda t: triton_kernels.FUSED_ROPE_KV_ENABLED  # noqa: E731
     monkeypatch.setattr(fused_rope_kv, "use_fused_rope_kv", gate)
     return calls

@@ -148,7 +148,7 @@ def test_sample_from_probs_routes_to_the_kernel(monkeypatch: pytest.MonkeyPatch)
     assert srt_random.sample_from_probs(probs, seeds, positions, 2).tolist() == want.tolist()
     assert calls == []  # CPU: the switch is off
 
-    monkeypatch.setattr(triton_kernels, "use_triton_kernels", lambda t: True)
+    monkeypatch.setattr(triton_kernels, "use_triton_kernels", lambda t, *more: True)
     monkeypatch.setattr(fused, "sample_from_probs_fused", spy)
     assert srt_random.sample_from_probs(probs, seeds, positions, 2).tolist() == want.tolist()
     assert calls == [(5, 300)]

@@ -85,7 +85,7 @@ def test_set_kv_buffer_uses_the_kernel_only_when_enabled(monkeypatch) -> None:
     pools = []
     k = torch.randn(3, 2, 8, device=DEVICE)
     for enabled in (False, True):
-        monkeypatch.setattr(memory_pool, "use_triton_kernels", lambda t, e=enabled: e)
+        monkeypatch.setattr(memory_pool, "use_triton_kernels", lambda t, *more, e=enabled: e)
         pool = MHATokenToKVPool(12, torch.float32, 2, 8, layer_num=1, device=DEVICE)
         pool.set_kv_buffer(0, torch.tensor([4, 9, 2], device=DEVICE), k, k * 2)
         pools.append(pool)
