@@ -281,3 +281,46 @@ def test_every_trainable_parameter_gets_a_gradient(trained, tiny_model_dir):
     for n, g in got.items():
         assert g is not None and g.abs().sum() > 0, n
         torch.testing.assert_close(g.cpu(), ref[n], atol=1e-3, rtol=1e-2)
+
+
+def test_fused_kernels_stay_out_of_training_on_cpu(trained, tiny_model_dir, monkeypatch):
+    """The CUDA dispatch, on the CPU: RMSNorm and SiLU-and-mul gated as on a GPU (their Triton
+    kernels run through the interpreter) unless autograd records (needs_autograd). Training
+    then gets the gradients of the plain PyTorch layers; gated on the device alone, as before
+    the fix, the kernels (which have no backward) cut fc and the norms off from the loss."""
+    from sglang.srt.layers import activation, layernorm
+    from sglang.srt.layers.triton_kernels import needs_autograd
+    from sglang.srt.speculative.training.draft_init import trainable_parameters
+
+    out, _ = trained
+    mc = ModelConfig(tiny_model_dir, dtype="float32")
+    target = get_model(mc)
+    seqs = load_sequences(os.path.join(out, "train_state", "sequences.json"))[:2]
+    _, head = target.get_embed_and_head()
+
+    def grads() -> dict:
+        draft = load_draft_model(out, target, mc)
+        params = trainable_parameters(draft)
+        for p in params:
+            p.requires_grad_(True)
+        layers = aux_layer_ids(draft.config, mc.num_hidden_layers)
+        states = capture_target_states(target, mc, seqs, layers)
+        outs = ttt_unroll(draft, collate(seqs, states, "cpu", torch.float32), head, 3)
+        sum(o.loss for o in outs).backward()
+        return {n: p.grad for n, p in draft.named_parameters() if p.requires_grad}
+
+    ref = grads()
+    for gate, fixed in (
+        (lambda t, *more: not needs_autograd(t, *more), True),
+        (lambda t, *more: True, False),
+    ):
+        monkeypatch.setattr(layernorm, "use_triton_kernels", gate)
+        monkeypatch.setattr(activation, "use_triton_kernels", gate)
+        got = grads()
+        cut = [n for n, g in got.items() if g is None or not g.abs().sum() > 0]
+        if fixed:
+            assert not cut
+            for n, g in got.items():
+                torch.testing.assert_close(g, ref[n])
+        else:  # the gate before the fix
+            assert any(n.startswith("fc") for n in cut), cut
