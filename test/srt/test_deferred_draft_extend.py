@@ -149,9 +149,11 @@ def test_deferred_draft_extend_restores_the_draft_state(
 
 def test_target_only_prefix_hits_while_speculation_is_off(tiny_model_dir, draft_dir):
     """Tokens decoded without drafting are cached for the target (the draft lags there): a
-    follow-up turn hits them while speculation is off, as on a plain server, and never
-    drafts; with speculation on, the match stops where the draft KV does. Outputs equal the
-    plain engine's in both cases and the KV accounting balances."""
+    follow-up turn hits them while speculation is off, as on a plain server but for the
+    prefix's last position, which it computes in a slot of its own (its draft's entry there
+    depends on its own next token; as it stays off, it does not draft); with speculation on,
+    the match stops where the draft KV does. Outputs equal the plain engine's in both cases
+    and the KV accounting balances."""
     first = prompt(30, seed=2)
 
     def turns(sched) -> tuple[list[list[int]], list[int]]:
@@ -171,7 +173,7 @@ def test_target_only_prefix_hits_while_speculation_is_off(tiny_model_dir, draft_
     off = {"value": True}
     switch_speculation(sched, off)
     out, cached = turns(sched)
-    assert out == ref and cached == ref_cached
+    assert out == ref and cached == [ref_cached[0], ref_cached[1] - 1]
     assert sched.spec.stats["spec_drafting_steps"] == 0
     sched.kv.check_accounting()
 
@@ -189,6 +191,61 @@ def test_target_only_prefix_hits_while_speculation_is_off(tiny_model_dir, draft_
     assert outs["t2"]["meta"]["cached_tokens"] < ref_cached[1]
     assert sched.spec.stats["spec_drafting_steps"] > 0
     sched.kv.check_accounting()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_target_only_prefix_catches_up_to_the_draft_state_of_a_drafted_one(
+    tiny_model_dir, draft_dir, overlap
+):
+    """A follow-up turn admitted while speculation is off takes the previous turn (decoded
+    without drafting, so target-only in the cache) as its prefix; speculation then comes back
+    on while it runs. Its first drafting step catches the draft up over the whole prefix from
+    the hidden state pool: it proposes the same drafts at the same positions as the same turn
+    in a run that drafted all along (whose prefix had valid draft KV), the draft KV of the
+    conversation ends up the same, and the outputs are the plain engine's."""
+    first = prompt(30, seed=11)
+    kw = overlap_kw(overlap)
+
+    def run(lazy: bool) -> tuple[list[int], dict[int, list[int]], torch.Tensor]:
+        sched = spec_scheduler(tiny_model_dir, draft_dir, **kw)
+        off = {"value": lazy}
+        switch_speculation(sched, off)
+        outs: dict = {}
+        submit(sched, "t1", first, GREEDY)
+        run_until_idle(sched, outs)
+        follow = first + outs["t1"]["output_ids"] + prompt(6, seed=12)
+        proposals = record_draft_proposals(sched.tp_worker)
+        submit(sched, "t2", follow, GREEDY)
+        for _ in range(4):  # its prefill and a few plain steps while (lazy) still off
+            sched.step()
+        if lazy:
+            assert outs.get("t2") is None and sched.spec.stats["spec_drafting_steps"] == 0
+            t2 = sched.running[0]
+            assert t2.draft.draft_kv_len == 0 and not t2.draft.stale  # all of it pending
+        off["value"] = False
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        tokens = follow + outs["t2"]["output_ids"][:-1]
+        m = sched.tree_cache.match_prefix(tokens, draft_only=True)
+        assert m.draft_valid_len > len(follow)
+        slots = m.device_indices[: len(follow)]
+        draft_k = sched.tp_worker.draft.kv_pool.k_buffer[0][slots]
+        return outs["t2"]["output_ids"], proposals, draft_k
+
+    plain = make_scheduler(tiny_model_dir, dtype="float32", **kw)
+    ref: dict = {}
+    submit(plain, "t1", first, GREEDY)
+    run_until_idle(plain, ref)
+    submit(plain, "t2", first + ref["t1"]["output_ids"] + prompt(6, seed=12), GREEDY)
+    run_until_idle(plain, ref)
+
+    eager_out, eager_props, eager_k = run(lazy=False)
+    lazy_out, lazy_props, lazy_k = run(lazy=True)
+    assert eager_out == lazy_out == ref["t2"]["output_ids"]
+    common = set(eager_props) & set(lazy_props)
+    assert len(common) >= 3
+    assert all(eager_props[n] == lazy_props[n] for n in common)
+    assert torch.allclose(eager_k, lazy_k, rtol=1e-4, atol=1e-5), (eager_k - lazy_k).abs().max()
 
 
 def test_drafting_off_follows_the_goodput_policy_only():
@@ -218,20 +275,30 @@ def test_drafting_off_follows_the_goodput_policy_only():
 
 
 def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model_dir, draft_dir):
-    """A conversation whose every turn takes the previous answer as a target-only prefix
-    (admitted while speculation is off) has requests that can never draft. While only such
-    requests run, the goodput policy still decides whether drafting would pay: once it does,
-    speculation is back on and the next turn takes the draft-valid prefix only and drafts.
-    Before, the policy never ran on them (all caps 0) and speculation stayed off for good."""
+    """A conversation whose next turn takes the previous answer as a target-only prefix
+    (admitted while speculation is off) has a request whose draft lags by that prefix. Once
+    the goodput policy finds that drafting pays, speculation is back on: that request catches
+    its draft up over the prefix (the hidden states are the pool rows of the cached slots)
+    and drafts, and so does the next turn. Outputs stay the plain engine's. (Before the
+    hidden state pool such a request could never draft, and before the policy ran on
+    requests that cannot draft, speculation stayed off for good.)"""
     from test_adaptive_policy import LIGHT
 
     sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
+    plain = make_scheduler(tiny_model_dir, dtype="float32")
+    ref: dict = {}
+    submit(plain, "t0", p, GREEDY)
+    run_until_idle(plain, ref)
     assert ctl.drafting_off()
     ctl.time_model = LIGHT  # drafting pays from now on
     next_turns(sched, outs, p, (1, 2), n=5, seed=5)
-    assert outs["t1"]["meta"]["spec_num_proposed_drafts"] == 0  # admitted while off
-    assert not ctl.drafting_off()
+    next_turns(plain, ref, p, (1, 2), n=5, seed=5)
+    # t1 took the target-only prefix but its last position (admitted while off), then caught
+    # up and drafted
+    assert outs["t1"]["meta"]["cached_tokens"] == ref["t1"]["meta"]["cached_tokens"] - 1
+    assert outs["t1"]["meta"]["spec_num_proposed_drafts"] > 0
     assert outs["t2"]["meta"]["spec_num_proposed_drafts"] > 0
+    assert all(outs[t]["output_ids"] == ref[t]["output_ids"] for t in ("t0", "t1", "t2"))
     sched.kv.check_accounting()
 
 
@@ -405,3 +472,31 @@ def test_plain_steps_keep_each_requests_own_rows(tiny_model_dir, draft_dir, over
 
 def overlap_kw(overlap: bool) -> dict:
     return {"disable_overlap_schedule": not overlap}
+
+
+def test_catch_up_over_a_target_only_prefix_leaves_its_last_slot_alone(tiny_model_dir, draft_dir):
+    """A turn admitted on the previous turn's target-only answer catches its draft up over
+    it when speculation comes back on, but not into the slot of the prefix's last position:
+    that entry depends on the token after it, which differs between requests sharing the
+    prefix, so the turn computes that position in a slot of its own (a version without this
+    overwrote the shared slot, found by a review helper in the seventeenth session)."""
+    from test_adaptive_policy import LIGHT
+
+    sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
+    follow = p + outs["t0"]["output_ids"] + prompt(5, seed=6)
+    m = sched.tree_cache.match_prefix(follow)
+    # t0's prompt got its draft extend (speculation went off at its first decode step); its
+    # answer was decoded without drafting
+    assert m.draft_valid_len == 29 and len(m.device_indices) == 30 + 23
+    last = m.device_indices[-1:]  # the prefix's last position: t0's slot
+    k = sched.tp_worker.draft.kv_pool.k_buffer[0]
+    before = k[last].clone()
+    shared = m.device_indices[29:-1]  # target-only, caught up over in place
+    assert not k[shared].abs().sum(-1).gt(0).any()  # no draft KV there yet
+    ctl.time_model = LIGHT  # drafting pays from now on
+    next_turns(sched, outs, p, (1,), n=5, seed=5)
+    assert outs["t1"]["meta"]["spec_num_proposed_drafts"] > 0  # it caught up and drafted
+    assert torch.equal(k[last], before)
+    assert k[shared].abs().sum(-1).gt(0).all()  # the catch-up wrote the shared positions
+    assert not k[last].abs().sum(-1).gt(0).any()  # never written: t0 did not draft there
+    sched.kv.check_accounting()

@@ -487,3 +487,52 @@ def test_own_draft_invalid_edge_is_marked_valid_though_locked():
     sim.check()
     assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4], True), ([5], True), ([6], False)]
     assert sim.cache.match_prefix(toks).device_indices.tolist() == row
+
+
+def test_target_only_prefix_but_its_last_position_upgrades_when_finished():
+    """A request that took a draft-invalid (target-only) prefix but its last position, caught
+    its draft up in the shared slots and computed the last position in a slot of its own
+    (SpecScheduler.on_admit, BatchBuilder.match_prefix): its insert marks the shared part
+    draft-valid in place (split where the slots start to differ) and, since only its own
+    lock held the rest, takes its own slot for the last position. Its own lock does not
+    block that (cache_finished_req releases it first)."""
+    sim = Sim()
+    toks = [1, 2, 3, 4, 5, 6]
+    a = sim.start(toks)
+    assert sim.compute(a, 6)
+    a_slots = sim.row(a)
+    sim.finish(a, draft_valid_len=0)  # decoded without drafting: all target-only
+    b = sim.start(toks + [7, 8], limit=5)  # the whole match is locked, 5 slots used
+    assert b.prefix_len == 5 and sim.compute(b, 3)
+    b_slots = sim.row(b)
+    assert b_slots[:5] == a_slots[:5] and b_slots[5] != a_slots[5]
+    sim.finish(b, draft_valid_len=8)
+    sim.check()
+    assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4, 5], True), ([6], True), ([7, 8], True)]
+    assert sim.cache.match_prefix(toks + [7, 8], draft_only=True).device_indices.tolist() == (
+        b_slots
+    )
+    assert a_slots[5] in sim.alloc.free_slots.tolist()
+
+
+def test_shared_last_position_locked_by_another_request_keeps_its_slot():
+    """As above while another running request holds the whole target-only prefix: the shared
+    slots are still marked valid in place (every sharer computes their draft KV alike), but
+    the last position keeps the tree's slot and stays draft-invalid, so the holder's entry
+    there is not replaced."""
+    sim = Sim()
+    toks = [1, 2, 3, 4, 5, 6]
+    a = sim.start(toks)
+    assert sim.compute(a, 6)
+    a_slots = sim.row(a)
+    sim.finish(a, draft_valid_len=0)
+    holder = sim.start(toks + [9])
+    assert holder.prefix_len == 6
+    b = sim.start(toks + [7], limit=5)
+    assert sim.compute(b, 2)
+    sim.finish(b, draft_valid_len=7)
+    sim.check()
+    assert _draft_ok_edges(sim.cache) == [([1, 2, 3, 4, 5], True), ([6], False), ([7], True)]
+    assert sim.cache.match_prefix(toks).device_indices.tolist() == a_slots
+    sim.finish(holder)
+    sim.check()

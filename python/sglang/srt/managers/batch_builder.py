@@ -149,6 +149,12 @@ class BatchBuilder:
             # The draft KV of position n - 1 was computed with the token that follows it in
             # the cache, not req's (which differs, or the match would go on): recompute it.
             limit = min(limit, n - 1)
+        elif spec is not None and n > res.draft_valid_len:
+            # A target-only prefix (speculation is off): req's draft catches up over it later
+            # (SpecScheduler.on_admit), and the catch-up's entry at the last position depends
+            # on the token after it, req's own: computing that position in req's own slot
+            # keeps the catch-up from overwriting what a request sharing the slot wrote there.
+            limit = min(limit, n - 1)
         req.last_node = res.last_node
         req.prefix_draft_valid_len = min(res.draft_valid_len, limit)
         return res.device_indices[:limit]

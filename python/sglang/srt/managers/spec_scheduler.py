@@ -62,10 +62,16 @@ class SpecScheduler:
     def on_admit(self, req: Req) -> None:
         """The cached prefix carries valid draft KV for its first req.prefix_draft_valid_len
         tokens. A longer prefix (taken while speculation is off, takes_target_only_prefix)
-        leaves the draft no hidden states to catch up with: the request never drafts."""
+        leaves the rest pending: the target's hidden states of those positions are the pool
+        rows of the prefix's slots (written when the cache's owner computed them), so the
+        request's first drafting step catches its draft up over them, unless the lag exceeds
+        MAX_PENDING_HIDDEN (it then never drafts). Such a prefix stops one position short
+        (BatchBuilder.match_prefix): the draft KV of its last position depends on the token
+        after it, which is req's own, so req computes that position in a slot of its own,
+        and its catch-up writes into shared slots only entries every sharer computes alike."""
         valid = min(req.kv_len, req.prefix_draft_valid_len)
         req.draft.draft_kv_len = valid
-        if valid < req.kv_len:
+        if req.kv_len - valid > MAX_PENDING_HIDDEN:
             req.draft.stale = True
         if self.adaptive is not None:
             self.adaptive.on_admit(req.req_pool_idx)
@@ -73,7 +79,9 @@ class SpecScheduler:
     def limit_draft_kv(self, req: Req, valid: int) -> None:
         """req's KV slots now hold valid draft KV for its first `valid` positions only (the
         prefix cache swapped in slots of target-only KV): it stops drafting for good unless
-        its draft KV already ended there."""
+        its draft KV already ended there. (A catch-up over the swapped-in slots would write
+        the draft KV of their last position with req's next token, over the entry of a
+        running request that shares the slots and continues differently.)"""
         d = req.draft
         if valid < d.draft_kv_len:
             d.draft_kv_len = valid

@@ -165,12 +165,14 @@ class RadixCache(BasePrefixCache):
         slots for `key` ([len(key)] int64 CPU) and the node that ends exactly at len(key).
 
         New edges past draft_valid_len get draft_ok False. With `upgrade`, an existing
-        draft_ok False edge inside key[:draft_valid_len] becomes draft_ok: when its slots are
-        `value`'s (the caller's draft KV was written into the tree's slots, e.g. a chunked
-        request that caught its draft up after cache_unfinished_req), whoever locks it; else
-        when no request locks it, by taking `value`'s slots (the tree's own are freed): the
-        tree's slots returned for it are then `value`'s, so a caller that frees value's slots
-        where they differ from the tree's (_insert_req) keeps them."""
+        draft_ok False edge inside key[:draft_valid_len] becomes draft_ok: as far as its slots
+        are `value`'s (the caller's draft KV was written into the tree's slots: a chunked
+        request that caught its draft up after cache_unfinished_req, or one that took a
+        target-only prefix, which shares all but its last position), whoever locks it, the
+        edge split where the slots start to differ; else when no request locks it, by taking
+        `value`'s slots (the tree's own are freed): the tree's slots returned for it are then
+        `value`'s, so a caller that frees value's slots where they differ from the tree's
+        (_insert_req) keeps them."""
         assert len(key) == value.numel(), (len(key), value.numel())
         dv = draft_valid_len
         now = self._tick()
@@ -192,13 +194,17 @@ class RadixCache(BasePrefixCache):
                 child = self._split(child, n)
             if upgrade and not child.draft_ok and pos < dv:
                 m = min(n, dv - pos)  # the part before the boundary is draft-valid
-                own = torch.equal(child.value[:m], value[pos : pos + m])
-                if own or child.lock_ref == 0:
+                same = child.value[:m] == value[pos : pos + m]
+                own = m if bool(same.all()) else int(same.to(torch.int8).argmin())
+                if own:  # its leading `own` slots are value's: their draft KV is the caller's
+                    if own < n:
+                        child, n = self._split(child, own), own
+                    child.draft_ok = True
+                elif child.lock_ref == 0:
                     if m < n:
                         child, n = self._split(child, m), m
-                    if not own:
-                        self.token_to_kv_pool_allocator.free(child.value)
-                        child.value = value[pos : pos + n].clone()
+                    self.token_to_kv_pool_allocator.free(child.value)
+                    child.value = value[pos : pos + n].clone()
                     child.draft_ok = True
             child.last_access_time = now
             values.append(child.value)
@@ -252,9 +258,12 @@ class RadixCache(BasePrefixCache):
         request) are duplicates and go back to the allocator; the rest now belong to the tree.
         The request slot and any slot past len(token_ids) stay the scheduler's to free.
         draft_valid_len: see the module docstring (None: draft KV valid for all tokens).
+        The request's lock is released first, so that its own lock does not keep a draft_ok
+        False edge it holds valid draft KV for from being upgraded (_insert: only edges that
+        other requests lock keep their slots).
         """
-        self._insert_req(req_pool_idx, token_ids, draft_valid_len)
         self.dec_lock_ref(last_node)
+        self._insert_req(req_pool_idx, token_ids, draft_valid_len)
 
     def cache_unfinished_req(
         self,

@@ -143,9 +143,10 @@ class AdaptiveController:
         """True while speculation is off for the server: the goodput policy's last run chose
         d = 0 for every request (with cfg.defer_draft_extend). Until it drafts again, the
         scheduler runs like a server without speculation where it can: prefills defer their
-        draft extend, and new requests may use cached prefixes that lack draft KV (they then
-        never draft; SpecScheduler.takes_target_only_prefix). Never for the fixed and tier
-        baselines, which do what they are configured to do."""
+        draft extend, and new requests may use cached prefixes that lack draft KV (their draft
+        catches up over them when they draft; SpecScheduler.on_admit and
+        takes_target_only_prefix). Never for the fixed and tier baselines, which do what they
+        are configured to do."""
         return self._all_zero and self.cfg.defer_draft_extend
 
     def choose(
