@@ -17,6 +17,7 @@ import sglang.srt.managers.scheduler_output_processor as sop
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.spec_info import SpecPlan
 from sglang.test.scheduler_utils import (
+    collect,
     make_scheduler,
     record_draft_proposals,
     run_until_idle,
@@ -499,4 +500,114 @@ def test_catch_up_over_a_target_only_prefix_leaves_its_last_slot_alone(tiny_mode
     assert torch.equal(k[last], before)
     assert k[shared].abs().sum(-1).gt(0).all()  # the catch-up wrote the shared positions
     assert not k[last].abs().sum(-1).gt(0).any()  # never written: t0 did not draft there
+    sched.kv.check_accounting()
+
+
+@torch.no_grad()
+def wrong_draft_entries(sched) -> list[tuple[str, int]]:
+    """(rid, position) of every running request's draft KV entry below its draft_kv_len that
+    differs from what that position must hold: EAGLE-3's V at position t is a function of the
+    target hidden state at t (its pool row) and the request's token t + 1 alone, so it is
+    recomputed here from those and compared (a review helper's oracle)."""
+    w = sched.tp_worker
+    model, pool = w.draft.model, w.draft.kv_pool
+    attn = model.midlayer.self_attn
+    bad = []
+    for r in sched.running:
+        n = r.draft.draft_kv_len
+        if r.req_pool_idx is None or r.draft.stale or n == 0:
+            continue
+        slots = sched.req_to_token_pool.read(r.req_pool_idx, 0, n).to(torch.int64)
+        emb = model.embed_tokens(torch.tensor(r.fill_ids[1 : n + 1], dtype=torch.int64))
+        h = model.project_hidden(w.hidden_pool.read(slots)).to(emb.dtype)
+        x = torch.cat([model.midlayer.input_layernorm(emb), model.midlayer.hidden_norm(h)], -1)
+        v = attn.qkv_proj(x)[0].split([attn.q_size, attn.kv_size, attn.kv_size], -1)[2]
+        got = pool.v_buffer[0][slots].reshape(n, -1)
+        ok = torch.isclose(v.reshape(n, -1), got, rtol=1e-3, atol=1e-4).all(-1)
+        bad += [(r.rid, i) for i in range(n) if not ok[i]]
+    return bad
+
+
+def _run(sched, outs: dict) -> None:
+    while not sched.is_idle():
+        sched.step()
+        collect(sched, outs)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_catch_up_never_crosses_a_branch_of_the_cache(tiny_model_dir, draft_dir, together):
+    """Two conversations branch below a target-only prefix; their next turns are admitted
+    while speculation is off, one or both running when it comes back on. The slot where the
+    cache branches is shared by requests whose next token differs, so neither catches up over
+    it (they never draft): no running request ever holds a draft entry that is wrong for its
+    own tokens (a review helper's case; a version without the branch check wrote each one's
+    entry over the other's). Outputs equal the plain engine's."""
+    sched = spec_scheduler(tiny_model_dir, draft_dir)
+    off = {"value": True}
+    switch_speculation(sched, off)
+    outs: dict = {}
+    p = prompt(30, seed=1)
+    submit(sched, "t0", p, GREEDY)
+    _run(sched, outs)
+    base = p + outs["t0"]["output_ids"]
+    b1, b2 = base + prompt(5, seed=2), base + prompt(5, seed=3)
+    submit(sched, "b1", b1, GREEDY)
+    submit(sched, "b2", b2, GREEDY)
+    _run(sched, outs)
+    c = b1 + outs["b1"]["output_ids"] + prompt(4, seed=4)
+    e = b2 + outs["b2"]["output_ids"] + prompt(4, seed=5)
+    submit(sched, "c", c, GREEDY)
+    if together:
+        submit(sched, "e", e, GREEDY)
+    for _ in range(3):
+        sched.step()
+    assert all(r.draft.stale for r in sched.running)  # both cross the branch after t0
+    off["value"] = False
+    sched.step()
+    assert wrong_draft_entries(sched) == []
+    if not together:
+        submit(sched, "e", e, GREEDY)
+        off["value"] = True
+        sched.step()
+        sched.step()
+        off["value"] = False
+        sched.step()
+    assert wrong_draft_entries(sched) == []
+    while not sched.is_idle():
+        sched.step()
+        collect(sched, outs)
+        assert wrong_draft_entries(sched) == []
+    plain = make_scheduler(tiny_model_dir, dtype="float32")
+    ref: dict = {}
+    for rid, ids in (("t0", p), ("b1", b1), ("b2", b2), ("c", c), ("e", e)):
+        submit(plain, rid, ids, GREEDY)
+        run_until_idle(plain, ref)
+    assert all(outs[r]["output_ids"] == ref[r]["output_ids"] for r in ref)
+    sched.kv.check_accounting()
+
+
+def test_chunked_turn_on_a_target_only_prefix_stops_drafting(tiny_model_dir, draft_dir):
+    """With chunked prefill, caching a turn's first chunk swaps the slot it computed for the
+    prefix's last position back to the tree's shared one: that pending position now sits in
+    a shared slot, so the request stops drafting (limit_draft_kv), and two such turns with
+    different next tokens never write each other's entry (a review helper's case)."""
+    sched = spec_scheduler(tiny_model_dir, draft_dir, chunked_prefill_size=16)
+    off = {"value": True}
+    switch_speculation(sched, off)
+    outs: dict = {}
+    p = prompt(30, seed=1)
+    submit(sched, "t0", p, GREEDY)
+    _run(sched, outs)
+    cached = p + outs["t0"]["output_ids"][:-1]
+    submit(sched, "b", cached + prompt(40, seed=2), GREEDY)
+    submit(sched, "c", cached + prompt(40, seed=3), GREEDY)
+    for _ in range(12):  # the chunked prefills, while off
+        sched.step()
+    assert {r.rid for r in sched.running} == {"b", "c"}
+    assert all(r.draft.stale for r in sched.running)
+    off["value"] = False
+    while not sched.is_idle():
+        sched.step()
+        collect(sched, outs)
+        assert wrong_draft_entries(sched) == []
     sched.kv.check_accounting()

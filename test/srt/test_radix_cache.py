@@ -536,3 +536,21 @@ def test_shared_last_position_locked_by_another_request_keeps_its_slot():
     assert sim.cache.match_prefix(toks).device_indices.tolist() == a_slots
     sim.finish(holder)
     sim.check()
+
+
+def test_branches_on_path():
+    """branches_on_path(node, n, lo, hi): a node on the path ending at a token e with
+    lo < e <= hi that continues in more than one way."""
+    sim = Sim()
+    for toks in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 9], [1, 2, 3, 4, 5, 6, 7]):
+        r = sim.start(toks)
+        assert sim.compute(r, len(toks) - r.prefix_len)
+        sim.finish(r)
+    m = sim.cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
+    assert len(m.device_indices) == 7
+    # [1, 2, 3] branches (4 or 9) at e = 3; [4, 5, 6] continues with 7 only
+    assert sim.cache.branches_on_path(m.last_node, 7, 0, 7)
+    assert sim.cache.branches_on_path(m.last_node, 7, 2, 3)
+    assert not sim.cache.branches_on_path(m.last_node, 7, 3, 7)  # e = 3 is not > lo
+    assert not sim.cache.branches_on_path(m.last_node, 7, 0, 2)
+    sim.check()

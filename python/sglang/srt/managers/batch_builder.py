@@ -145,6 +145,7 @@ class BatchBuilder:
         if req.wants_input_logprobs():
             limit = min(limit, req.logprob_start_len)
         n = len(res.device_indices)
+        req.prefix_shares_branch = False
         if spec is not None and 0 < n <= res.draft_valid_len and res.last_node.children:
             # The draft KV of position n - 1 was computed with the token that follows it in
             # the cache, not req's (which differs, or the match would go on): recompute it.
@@ -155,6 +156,11 @@ class BatchBuilder:
             # on the token after it, req's own: computing that position in req's own slot
             # keeps the catch-up from overwriting what a request sharing the slot wrote there.
             limit = min(limit, n - 1)
+            # The same holds inside the prefix where the cache branches: there req cannot
+            # catch up without overwriting another branch's entry, so it never drafts.
+            req.prefix_shares_branch = self.s.tree_cache.branches_on_path(
+                res.last_node, n, res.draft_valid_len, limit
+            )
         req.last_node = res.last_node
         req.prefix_draft_valid_len = min(res.draft_valid_len, limit)
         return res.device_indices[:limit]

@@ -70,6 +70,9 @@ class Req:
         self.last_node: Any = None  # radix node locked by this request
         # leading tokens of the matched prefix whose draft KV is valid too (speculation)
         self.prefix_draft_valid_len = 0
+        # the target-only part of the matched prefix crosses a point where the cache branches
+        # (BatchBuilder.match_prefix): its draft cannot catch up over it
+        self.prefix_shares_branch = False
         self.cached_tokens = 0  # prompt tokens served from the radix cache (reported)
 
         # This step's plan

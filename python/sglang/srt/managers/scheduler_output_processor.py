@@ -97,6 +97,7 @@ class OutputProcessor:
                 self.add_input_logprobs(req, result, i)
             if not batch.is_final_chunk[i]:
                 # Mid-prompt chunk: share what is computed so far through the prefix cache.
+                pending = s.spec.pending_slots(req) if s.spec is not None else None
                 idx, node = s.tree_cache.cache_unfinished_req(
                     req.req_pool_idx,
                     req.fill_ids[: req.kv_len],
@@ -105,7 +106,8 @@ class OutputProcessor:
                 )
                 req.prefix_indices, req.last_node = idx, node
                 if s.spec is not None:  # the rewritten row's draft KV may be valid for less
-                    s.spec.limit_draft_kv(req, s.tree_cache.path_draft_valid_len(node, req.kv_len))
+                    valid = s.tree_cache.path_draft_valid_len(node, req.kv_len)
+                    s.spec.limit_draft_kv(req, valid, pending, idx)
                 s.chunked_req = req
                 continue
             if req.sampling_params.max_new_tokens == 0:  # prompt only (e.g. prompt logprobs)

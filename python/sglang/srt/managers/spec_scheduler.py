@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
 from sglang.srt.managers.io_struct import SpecCounters
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -68,24 +71,50 @@ class SpecScheduler:
         MAX_PENDING_HIDDEN (it then never drafts). Such a prefix stops one position short
         (BatchBuilder.match_prefix): the draft KV of its last position depends on the token
         after it, which is req's own, so req computes that position in a slot of its own,
-        and its catch-up writes into shared slots only entries every sharer computes alike."""
+        and its catch-up writes into shared slots only entries every sharer computes alike;
+        where the cache branches inside the pending part (req.prefix_shares_branch) no
+        catch-up can, and req never drafts."""
         valid = min(req.kv_len, req.prefix_draft_valid_len)
         req.draft.draft_kv_len = valid
-        if req.kv_len - valid > MAX_PENDING_HIDDEN:
+        if req.kv_len - valid > MAX_PENDING_HIDDEN or (
+            valid < req.kv_len and req.prefix_shares_branch
+        ):
             req.draft.stale = True
         if self.adaptive is not None:
             self.adaptive.on_admit(req.req_pool_idx)
 
-    def limit_draft_kv(self, req: Req, valid: int) -> None:
-        """req's KV slots now hold valid draft KV for its first `valid` positions only (the
-        prefix cache swapped in slots of target-only KV): it stops drafting for good unless
-        its draft KV already ended there. (A catch-up over the swapped-in slots would write
-        the draft KV of their last position with req's next token, over the entry of a
-        running request that shares the slots and continues differently.)"""
+    def pending_slots(self, req: Req) -> np.ndarray | None:
+        """[kv_len - draft_kv_len] KV slots of req's pending positions (a copy), or None when
+        its draft can never catch up (stale). Taken before a prefill chunk is cached, for
+        limit_draft_kv."""
+        d = req.draft
+        if d.stale:
+            return None
+        return self.s.req_to_token_pool.read_np(req.req_pool_idx, d.draft_kv_len, req.kv_len).copy()
+
+    def limit_draft_kv(
+        self,
+        req: Req,
+        valid: int,
+        pending_before: np.ndarray | None = None,
+        row: torch.Tensor | None = None,
+    ) -> None:
+        """req's prefill chunk was cached and its row now holds the tree's slots (`row`, [kv_len]
+        int64 CPU), whose draft KV is valid for the first `valid` positions only: it stops
+        drafting for good unless its draft KV already ended there, and also when one of its
+        pending positions (`pending_before`: their slots before, from pending_slots) was
+        moved to a slot the tree shares. (A catch-up over such a slot would write its draft
+        KV with req's next token, over the entry of a request that shares the slot and
+        continues differently: e.g. the position a target-only prefix left to req, BatchBuilder
+        .match_prefix, which the cache swaps back to its own slot.)"""
         d = req.draft
         if valid < d.draft_kv_len:
             d.draft_kv_len = valid
             d.stale = True
+        elif pending_before is not None and row is not None and not d.stale:
+            now = row[d.draft_kv_len : d.draft_kv_len + len(pending_before)].numpy()
+            if not np.array_equal(now, pending_before.astype(now.dtype)):
+                d.stale = True
 
     def takes_target_only_prefix(self) -> bool:
         """Whether new requests may take cached prefixes without valid draft KV (and prefills

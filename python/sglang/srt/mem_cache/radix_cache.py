@@ -133,6 +133,17 @@ class RadixCache(BasePrefixCache):
             node = node.parent
         return valid
 
+    def branches_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> bool:
+        """See BasePrefixCache.branches_on_path: a node on the path that ends at a token e
+        with lo < e <= hi and has more than one child."""
+        end = n
+        while node.parent is not None and end > lo:
+            if end <= hi and len(node.children) > 1:
+                return True
+            end -= len(node.key)
+            node = node.parent
+        return False
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child`'s edge after n tokens (0 < n < len); returns the new upper node."""
         parent = child.parent
