@@ -237,9 +237,12 @@ class AdaptiveController:
         slots = [r.req_pool_idx for r in reqs]
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
+        long_catch_up = False  # a request caught up over more than K + 1 positions
         if sum_d:
             pending = [pending_positions(r) for r in reqs]
             x = allocation_features(draft_lens, pending, kv)
+            steady = self.k + 1
+            long_catch_up = any(p > steady for p, d in zip(pending, draft_lens, strict=True) if d)
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)
         interval = None  # wall time since the previous decode commit, when consecutive
@@ -256,7 +259,11 @@ class AdaptiveController:
             measured = interval if interval is not None else forward_time_s + self.overhead_s
         self.time_model.update(x, measured)
         if self.guard is not None:
-            self.guard.observe(len(reqs), sum_d > 0, len(reqs) + int(sum(accepted)), interval)
+            # The guard judges steady drafting: a step with a long catch-up pays a one-time
+            # cost that the policy spreads over the request's next steps (catchup_horizon),
+            # so it is left out of the guard's rates (the step still counts as a step).
+            sample = None if long_catch_up else interval
+            self.guard.observe(len(reqs), sum_d > 0, len(reqs) + int(sum(accepted)), sample)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
         self.tracker.observe(slots, draft_lens, accepted)
         self._set_prev(slots, draft_lens, sum_d)
