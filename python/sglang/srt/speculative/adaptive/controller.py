@@ -202,7 +202,7 @@ class AdaptiveController:
         view = BatchView(
             caps=caps_a,
             alphas=alphas,
-            pending=amortized_pending(pending, steps, self.k + 1, horizon),
+            pending=amortized_pending(pending, steps, caps_a + 1, horizon),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
         )

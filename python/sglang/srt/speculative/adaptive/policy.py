@@ -29,10 +29,10 @@ over all of them. That is paid once: afterwards each drafting step catches up ov
 K + 1 positions. Charging the whole catch-up to one step would make drafting look costly
 until the lag was gone, which it never is without drafting, so a long prompt admitted while
 speculation was off would never draft. The controller charges the step the positions up to
-K + 1 and 1/h of the rest (amortized_pending), h = the drafting steps the request has left
-(drafting_steps_left: the tokens it may still generate over a drafting step's expected
-tokens) capped at `catchup_horizon`: spreading a one-time cost C over the h steps it enables turns
-h E / (C + h T) into E / (T + C / h), the rate the policy maximises.
+cap + 1 (K + 1 at most) and 1/h of the rest (amortized_pending), h = the drafting steps the
+request has left (drafting_steps_left: the tokens it may still generate over a drafting
+step's expected tokens) capped at `catchup_horizon`: spreading a one-time cost C over the h
+steps it enables turns h E / (C + h T) into E / (T + C / h), the rate the policy maximises.
 """
 
 from __future__ import annotations
@@ -72,13 +72,13 @@ class BatchView:
 
 
 def amortized_pending(
-    pending: np.ndarray, steps_left: np.ndarray, steady: int, horizon: int
+    pending: np.ndarray, steps_left: np.ndarray, steady: np.ndarray | int, horizon: int
 ) -> np.ndarray:
     """[n] float64 catch-up positions to charge this step for requests that would catch up
     over pending [n] positions and have about steps_left [n] (float) drafting steps left:
-    the first `steady` positions (K + 1, a drafting request's usual catch-up) in full, the
-    rest spread over h = min(max(steps_left, 1), horizon) steps (see the module docstring).
-    horizon 1 charges everything to this step."""
+    the first `steady` positions ([n] or one for all: cap + 1, a drafting request's usual
+    catch-up at most) in full, the rest spread over h = min(max(steps_left, 1), horizon)
+    steps (see the module docstring). horizon 1 charges everything to this step."""
     p = np.asarray(pending, dtype=np.float64)
     h = np.clip(np.asarray(steps_left, dtype=np.float64), 1.0, float(max(horizon, 1)))
     return np.minimum(p, steady) + np.maximum(p - steady, 0.0) / h
