@@ -143,27 +143,30 @@ class SpecScheduler:
         return False
 
     # ---------------------------------------------------------------- decide
-    def draft_len_cap(self, req: Req) -> int:
+    def draft_len_cap(self, req: Req, left: int | None = None) -> int:
         """Largest useful d for req this step: K, the request's max_draft_tokens, the tokens it
         may still generate (minus the bonus token) and its context room; 0 for a request that
         cannot draft (stale, or lagging its draft by more than MAX_PENDING_HIDDEN positions:
-        it then becomes stale)."""
+        it then becomes stale). left: tokens_left(req), when the caller has it."""
         d = req.draft
         if d.stale:
             return 0
         if pending_positions(req) > MAX_PENDING_HIDDEN:
             d.stale = True
             return 0
-        return self.length_cap(req)
+        return self.length_cap(req, left)
 
-    def length_cap(self, req: Req) -> int:
+    def length_cap(self, req: Req, left: int | None = None) -> int:
         """draft_len_cap(req) if its draft state allowed drafting: what K, max_draft_tokens,
-        the remaining tokens and the context room leave."""
+        the remaining tokens and the context room leave (left: tokens_left(req), when the
+        caller has it)."""
         sp = req.sampling_params
         cap = self.num_steps
         if sp.max_draft_tokens is not None:
             cap = min(cap, sp.max_draft_tokens)
-        return max(0, min(cap, self.tokens_left(req) - 1))
+        if left is None:
+            left = self.tokens_left(req)
+        return max(0, min(cap, left - 1))
 
     def tokens_left(self, req: Req) -> int:
         """Tokens req may still generate: its output budget and its context room."""
@@ -176,15 +179,15 @@ class SpecScheduler:
         a = self.adaptive
         if a is not None and a.reuse_zero(reqs):
             return [0] * len(reqs)
-        caps = [self.draft_len_cap(r) for r in reqs]
+        left = [self.tokens_left(r) for r in reqs]  # each request's, read once per step
+        caps = [self.draft_len_cap(r, n) for r, n in zip(reqs, left, strict=True)]
         if a is None:
             return caps
-        left = [self.tokens_left(r) for r in reqs]
         if not any(caps) and a.drafting_off():
             # Nobody can draft (e.g. all took target-only prefixes while speculation was off):
             # the policy still decides whether drafting would pay at their length caps, else
             # it would never run again and speculation would stay off for good.
-            a.choose(reqs, [self.length_cap(r) for r in reqs], left)
+            a.choose(reqs, [self.length_cap(r, n) for r, n in zip(reqs, left, strict=True)], left)
             return caps
         return a.choose(reqs, caps, left)
 
