@@ -73,8 +73,9 @@ def capture_target_states(
         dtype = store_dtype or final.dtype
         sizes = [lengths[i] for i in group]
         for a, f in zip(aux_cat.split(sizes), final.split(sizes), strict=True):
-            # copies: `final` may be a view of a buffer the next forward reuses
-            out.append((a.to(store_device, dtype, copy=True), f.to(store_device, dtype, copy=True)))
+            # views where device and dtype already match: aux_cat and final are new tensors
+            # of each forward (nothing reuses them), so no copy is needed
+            out.append((a.to(store_device, dtype), f.to(store_device, dtype)))
     return out
 
 

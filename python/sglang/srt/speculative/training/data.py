@@ -79,9 +79,9 @@ def load_prompts_file(path: str) -> list[str]:
         items = json.loads(text)
         items = items if isinstance(items, list) else [items]
     except json.JSONDecodeError:
-        items = [
-            json.loads(line) for line in text.split("\n") if line.strip()
-        ]  # not splitlines: U+2028 inside a string
+        # JSONL lines end at "\n" only: splitlines() would also split at U+2028 and other
+        # separators that ShareGPT prompts hold inside their JSON strings
+        items = [json.loads(line) for line in text.split("\n") if line.strip()]
     return [it if isinstance(it, str) else it["prompt"] for it in items]
 
 
