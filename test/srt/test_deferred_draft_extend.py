@@ -528,10 +528,18 @@ def wrong_draft_entries(sched) -> list[tuple[str, int]]:
     return bad
 
 
-def _run(sched, outs: dict) -> None:
-    while not sched.is_idle():
-        sched.step()
-        collect(sched, outs)
+def off_after_first_turn(tiny_model_dir, draft_dir, **kw) -> tuple:
+    """(scheduler, off switch, outputs, prompt): speculation switched off by hand
+    (switch_speculation) and a first 30-token turn t0 run to the end, so that its answer is
+    cached target-only."""
+    sched = spec_scheduler(tiny_model_dir, draft_dir, **kw)
+    off = {"value": True}
+    switch_speculation(sched, off)
+    outs: dict = {}
+    p = prompt(30, seed=1)
+    submit(sched, "t0", p, GREEDY)
+    run_until_idle(sched, outs)
+    return sched, off, outs, p
 
 
 @pytest.mark.parametrize("together", [True, False])
@@ -542,18 +550,12 @@ def test_catch_up_never_crosses_a_branch_of_the_cache(tiny_model_dir, draft_dir,
     it (they never draft): no running request ever holds a draft entry that is wrong for its
     own tokens (a review helper's case; a version without the branch check wrote each one's
     entry over the other's). Outputs equal the plain engine's."""
-    sched = spec_scheduler(tiny_model_dir, draft_dir)
-    off = {"value": True}
-    switch_speculation(sched, off)
-    outs: dict = {}
-    p = prompt(30, seed=1)
-    submit(sched, "t0", p, GREEDY)
-    _run(sched, outs)
+    sched, off, outs, p = off_after_first_turn(tiny_model_dir, draft_dir)
     base = p + outs["t0"]["output_ids"]
     b1, b2 = base + prompt(5, seed=2), base + prompt(5, seed=3)
     submit(sched, "b1", b1, GREEDY)
     submit(sched, "b2", b2, GREEDY)
-    _run(sched, outs)
+    run_until_idle(sched, outs)
     c = b1 + outs["b1"]["output_ids"] + prompt(4, seed=4)
     e = b2 + outs["b2"]["output_ids"] + prompt(4, seed=5)
     submit(sched, "c", c, GREEDY)
@@ -591,13 +593,7 @@ def test_chunked_turn_on_a_target_only_prefix_stops_drafting(tiny_model_dir, dra
     prefix's last position back to the tree's shared one: that pending position now sits in
     a shared slot, so the request stops drafting (limit_draft_kv), and two such turns with
     different next tokens never write each other's entry (a review helper's case)."""
-    sched = spec_scheduler(tiny_model_dir, draft_dir, chunked_prefill_size=16)
-    off = {"value": True}
-    switch_speculation(sched, off)
-    outs: dict = {}
-    p = prompt(30, seed=1)
-    submit(sched, "t0", p, GREEDY)
-    _run(sched, outs)
+    sched, off, outs, p = off_after_first_turn(tiny_model_dir, draft_dir, chunked_prefill_size=16)
     cached = p + outs["t0"]["output_ids"][:-1]
     submit(sched, "b", cached + prompt(40, seed=2), GREEDY)
     submit(sched, "c", cached + prompt(40, seed=3), GREEDY)

@@ -84,6 +84,15 @@ class Sim:
         self.req_pool.free(req.pool_idx)
         self.running.remove(req)
 
+    def cache_request(self, tokens: list[int], draft_valid_len: int | None = None) -> list[int]:
+        """A request that takes its cached prefix, computes the rest of `tokens` and finishes
+        with draft KV valid for draft_valid_len of them (None: all). Returns its slots."""
+        req = self.start(tokens)
+        assert self.compute(req, len(tokens))
+        slots = self.row(req)
+        self.finish(req, draft_valid_len)
+        return slots
+
     def row(self, req: Req) -> list[int]:
         return self.req_pool.req_to_token[req.pool_idx, : req.filled].tolist()
 
@@ -412,10 +421,7 @@ def test_draft_valid_boundary_splits_matches_and_upgrades():
     and frees its own."""
     sim = Sim()
     toks = [1, 2, 3, 4, 5, 6]
-    a = sim.start(toks)
-    assert sim.compute(a, 6)
-    a_slots = sim.row(a)
-    sim.finish(a, draft_valid_len=3)
+    a_slots = sim.cache_request(toks, draft_valid_len=3)
     sim.check()
     assert _draft_ok_edges(sim.cache) == [([1, 2, 3], True), ([4, 5, 6], False)]
     m = sim.cache.match_prefix(toks + [7])
@@ -451,9 +457,7 @@ def test_locked_draft_invalid_edge_is_not_upgraded():
     mid-prompt cache_unfinished_req, learns that its row's draft KV is valid only before it."""
     sim = Sim()
     toks = [1, 2, 3, 4, 5, 6]
-    a = sim.start(toks)
-    assert sim.compute(a, 6)
-    sim.finish(a, draft_valid_len=2)
+    sim.cache_request(toks, draft_valid_len=2)
     holder = sim.start(toks + [9])  # takes the whole prefix, draft-invalid part included
     assert holder.prefix_len == 6
     c = sim.start(toks + [7], draft_only=True)
@@ -498,10 +502,7 @@ def test_target_only_prefix_but_its_last_position_upgrades_when_finished():
     block that (cache_finished_req releases it first)."""
     sim = Sim()
     toks = [1, 2, 3, 4, 5, 6]
-    a = sim.start(toks)
-    assert sim.compute(a, 6)
-    a_slots = sim.row(a)
-    sim.finish(a, draft_valid_len=0)  # decoded without drafting: all target-only
+    a_slots = sim.cache_request(toks, draft_valid_len=0)  # decoded without drafting
     b = sim.start(toks + [7, 8], limit=5)  # the whole match is locked, 5 slots used
     assert b.prefix_len == 5 and sim.compute(b, 3)
     b_slots = sim.row(b)
@@ -522,10 +523,7 @@ def test_shared_last_position_locked_by_another_request_keeps_its_slot():
     there is not replaced."""
     sim = Sim()
     toks = [1, 2, 3, 4, 5, 6]
-    a = sim.start(toks)
-    assert sim.compute(a, 6)
-    a_slots = sim.row(a)
-    sim.finish(a, draft_valid_len=0)
+    a_slots = sim.cache_request(toks, draft_valid_len=0)
     holder = sim.start(toks + [9])
     assert holder.prefix_len == 6
     b = sim.start(toks + [7], limit=5)
@@ -543,9 +541,7 @@ def test_branches_on_path():
     lo < e <= hi that continues in more than one way."""
     sim = Sim()
     for toks in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 9], [1, 2, 3, 4, 5, 6, 7]):
-        r = sim.start(toks)
-        assert sim.compute(r, len(toks) - r.prefix_len)
-        sim.finish(r)
+        sim.cache_request(toks)
     m = sim.cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
     assert len(m.device_indices) == 7
     # [1, 2, 3] branches (4 or 9) at e = 3; [4, 5, 6] continues with 7 only
