@@ -109,6 +109,8 @@ def one_mode(a: argparse.Namespace) -> dict:
     warm = 8
     budget = warm + a.steps + 16 + 8 * a.ttft_rounds + a.py_spy_steps + a.step_profile
     budget += 2 * 1000 if a.py_spy_steps or a.py_spy_ttft else 0  # py-spy attach: 1 s of steps
+    # a drafting step commits up to K + 1 tokens: every timed step must still have its requests
+    budget *= 1 + (spec["speculative_num_steps"] if spec else 0)
     params = {"max_new_tokens": budget, "temperature": 0, "ignore_eos": True}
     gen = torch.Generator().manual_seed(0)
     for i in range(a.batch_size):
@@ -192,6 +194,17 @@ def one_mode(a: argparse.Namespace) -> dict:
             out["graph_kernel_table"] = ka.table(
                 sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70
             ).splitlines()
+            if runner.max_extend_len > 1:  # the verify graph's kernels, 8 replays
+                acts = [torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=acts) as vprof:
+                    for _ in range(8):
+                        runner.graphs[vkey].replay()
+                    sync(a.device)
+                out["verify_graph_kernel_table"] = (
+                    vprof.key_averages()
+                    .table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
+                    .splitlines()
+                )
     out["scheduler_stats"] = {
         k: v for k, v in sched.stats.items() if k.startswith(("forward", "overlap"))
     }
@@ -291,6 +304,8 @@ def _step_profile(sched, a: argparse.Namespace) -> dict:
             sched.step()
         sync(a.device)
         wall = time.perf_counter() - t0
+    if a.trace_file:  # chrome://tracing / Perfetto: host launches against device kernels
+        prof.export_chrome_trace(a.trace_file.removesuffix(".json") + f"_{a.mode}.json")
     ka = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in ka if e.device_type.name == "CUDA")
     n = a.step_profile
@@ -368,6 +383,9 @@ def main() -> None:
     p.add_argument("--torch-profile", action="store_true", help="op tables of 3 TTFT rounds")
     p.add_argument("--kernel-table", action="store_true", help="CUDA kernels of 8 replays")
     p.add_argument("--step-profile", type=int, default=0, help="torch.profiler over N steps")
+    p.add_argument(
+        "--trace-file", default=None, help="--step-profile's chrome trace: PATH_<mode>.json"
+    )
     p.add_argument(
         "--controller-trace",
         action="store_true",
