@@ -53,6 +53,8 @@ def _scheduler(tiny_model_dir, draft_dir, graphs: bool, **kw):
         mode = CaptureHiddenMode.LAST
         runner.cuda_graph_runner = CudaGraphRunner(runner, mode, K + 1, sizes, use_graphs=False)
         worker.draft.init_cuda_graphs(sizes, K + 1, use_graphs=False)
+        # whole greedy drafting steps (they gather the catch-up rows from the pool)
+        assert worker.draft.init_chain_graphs(worker.hidden_pool, sizes, K, use_graphs=False)
     return sched
 
 

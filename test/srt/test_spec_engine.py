@@ -461,12 +461,16 @@ def test_mixed_draft_lengths_sampled_batch_with_penalties(tiny_model_dir, draft_
     assert run()[0] == first
 
 
-def test_padded_draft_graph_runners_equal_eager_engine(tiny_model_dir, draft_dir, reference):
+def test_padded_draft_graph_runners_equal_eager_engine(
+    tiny_model_dir, draft_dir, reference, monkeypatch
+):
     """The draft's extend and decode graph runners run eagerly over their padded static
     batches (the CUDA-graph path's padding on CPU) inside the engine: three requests in the
     bs-4 bucket, ragged catch-ups, and catch-ups longer than K + 1 (after steps without
     drafting) falling back to the unpadded forward. Outputs equal the plain engine's and
-    every proposal equals the eager run's."""
+    every proposal equals the eager run's. (On a GPU the worker's whole-chain graphs, which
+    would take these greedy steps, are off.)"""
+    monkeypatch.setenv("SGLANG_DRAFT_CHAIN_GRAPHS", "0")
     ps = prompts(24)
 
     def run(padded: bool):
@@ -521,3 +525,97 @@ def test_padded_draft_graph_runners_equal_eager_engine(tiny_model_dir, draft_dir
     assert padded_props == eager_props and len(padded_props) >= 5
     # every drafting step but those with a long catch-up went through the padded runner
     assert calls["long"] >= 1 and calls["graph"] == len(padded_props) - calls["long"] >= 10
+
+
+def chain_vs_step_by_step(tiny_model_dir, draft_dir, device: str, monkeypatch):
+    """Three requests (bs-4 bucket) with per-request draft lengths of 0 to K changing every
+    step, run with the step-by-step chain and with DraftChainGraphRunner (on CPU set up
+    eagerly; on CUDA the worker's own graphs, switched off by SGLANG_DRAFT_CHAIN_GRAPHS=0).
+    Returns per run (outputs, per-step proposals, chain calls, draft KV pool without the
+    padding slot 0)."""
+    ps = prompts(24)
+
+    def run(chain: bool):
+        monkeypatch.setenv("SGLANG_DRAFT_CHAIN_GRAPHS", "1" if chain else "0")
+        kw = dict(device="cuda", attention_backend="triton", disable_overlap_schedule=True)
+        sched = spec_scheduler(tiny_model_dir, draft_dir, **(kw if device == "cuda" else {}))
+        worker, proposals, calls = sched.tp_worker, [], {"chain": 0}
+        draft = worker.draft
+        if chain and device == "cpu":
+            assert draft.init_chain_graphs(worker.hidden_pool, [1, 2, 4], K, use_graphs=False)
+        assert (draft.chain_graph_runner is not None) == chain
+        if chain:
+            runner, real_draft = draft.chain_graph_runner, draft.chain_graph_runner.draft
+
+            def counted(*args):
+                calls["chain"] += 1
+                return real_draft(*args)
+
+            runner.draft = counted
+        real_tokens = worker.draft_tokens
+
+        def record(mwb):
+            drafts, q = real_tokens(mwb)
+            proposals.append(drafts_by_request(drafts, mwb.spec.draft_lens))
+            return drafts, q
+
+        worker.draft_tokens = record
+        step = {"n": 0}
+
+        def varied(reqs):  # d_i in 0..K per step and request; r2 skips steps 10..14
+            step["n"] += 1
+            n = step["n"]
+            pattern = ["313213", "120302", "302031"]
+            return [
+                0 if r.rid == "r2" and 10 <= n < 15 else int(pattern[int(r.rid[1:])][n % 6])
+                for r in reqs
+            ]
+
+        sched.spec.choose_draft_lens = varied
+        outs: dict = {}
+        for i in range(3):
+            submit(sched, f"r{i}", ps[i], GREEDY)
+        run_until_idle(sched, outs)
+        sched.kv.check_accounting()
+        pool = draft.kv_pool  # slot 0 (padding) excluded: frozen rows write there
+        kv = (pool.k_buffer[0][1:].cpu(), pool.v_buffer[0][1:].cpu())
+        return {rid: o["output_ids"] for rid, o in outs.items()}, proposals, calls, kv
+
+    return run(False), run(True)
+
+
+def check_chain_equals_step_by_step(step, chained) -> None:
+    (step_out, step_props, _, step_kv), (chain_out, chain_props, calls, chain_kv) = step, chained
+    assert chain_out == step_out
+    assert chain_props == step_props and len(chain_props) >= 8
+    assert any(len({len(p) for p in props}) >= 3 for props in chain_props)  # ragged d_i
+    # every drafting step but the one after r2's long stretch without drafting was chained
+    assert len(chain_props) - 2 <= calls["chain"] < len(chain_props)
+    for got, want in zip(chain_kv, step_kv, strict=True):  # positions (RoPE), slots, inputs
+        assert want.abs().sum() > 0
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_chain_draft_graph_runner_equals_step_by_step_engine(
+    tiny_model_dir, draft_dir, reference, monkeypatch
+):
+    """Whole greedy drafting steps through DraftChainGraphRunner (run eagerly over its padded
+    static batch: three requests in the bs-4 bucket, its Triton attention through the
+    interpreter) inside the engine propose exactly what the step-by-step chain proposes, with
+    per-request draft lengths of 0 to K changing every step (rows that stop early stay
+    frozen), catch-ups of 1 to K + 1 tokens, and a catch-up longer than K + 1 falling back to
+    the step-by-step path; the draft KV pool ends up the same in every slot but the padding
+    slot (positions, slots and inputs of every draft step). Outputs equal the plain
+    engine's."""
+    step, chained = chain_vs_step_by_step(tiny_model_dir, draft_dir, "cpu", monkeypatch)
+    check_chain_equals_step_by_step(step, chained)
+    assert step[0] == {f"r{i}": reference[f"r{i}"] for i in range(3)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_chain_draft_cuda_graph_equals_step_by_step_engine(tiny_model_dir, draft_dir, monkeypatch):
+    """The same on CUDA (float32, Triton attention for target and draft): the worker's
+    captured chain graphs against its step-by-step draft graphs."""
+    step, chained = chain_vs_step_by_step(tiny_model_dir, draft_dir, "cuda", monkeypatch)
+    check_chain_equals_step_by_step(step, chained)

@@ -7,12 +7,9 @@ import numpy as np
 import torch
 
 
-class StaticInputs:
-    """Persistent device inputs, packed in one int64 buffer so one copy refreshes them all.
-
-    Layout (int64): req_pool_indices [B] | seq_lens [B] | extend_seq_lens [B] |
-    extend_prefix_lens [B] | extend_start_loc [B] | input_ids [N] | positions [N] |
-    out_cache_loc [N], with B = max bs and N = max tokens.
+class PinnedStaging:
+    """A persistent int64 device buffer of `size` entries, refreshed from a pinned host buffer
+    with one copy per upload.
 
     Host staging: two pinned buffers used in turn, each with an event recorded after its
     upload. The host may prepare step N + 1 while step N's upload is still queued behind the
@@ -20,9 +17,7 @@ class StaticInputs:
     its previous upload ran (`stage`).
     """
 
-    def __init__(self, max_bs: int, max_tokens: int, device: torch.device) -> None:
-        self.B, self.N = max_bs, max_tokens
-        size = 5 * max_bs + 3 * max_tokens
+    def __init__(self, size: int, device: torch.device) -> None:
         self.dev = torch.zeros(size, dtype=torch.int64, device=device)
         pin = device.type == "cuda"
         self.hosts = [
@@ -45,6 +40,19 @@ class StaticInputs:
         if self.dev.device.type == "cuda":
             event = self.events[self.turn] = self.events[self.turn] or torch.cuda.Event()
             event.record()
+
+
+class StaticInputs(PinnedStaging):
+    """Persistent device inputs, packed in one int64 buffer so one copy refreshes them all.
+
+    Layout (int64): req_pool_indices [B] | seq_lens [B] | extend_seq_lens [B] |
+    extend_prefix_lens [B] | extend_start_loc [B] | input_ids [N] | positions [N] |
+    out_cache_loc [N], with B = max bs and N = max tokens.
+    """
+
+    def __init__(self, max_bs: int, max_tokens: int, device: torch.device) -> None:
+        self.B, self.N = max_bs, max_tokens
+        super().__init__(5 * max_bs + 3 * max_tokens, device)
 
     def region(self, t: torch.Tensor, k: int, n: int) -> torch.Tensor:
         """Field k (0..7) of the packed buffer t, first n entries."""

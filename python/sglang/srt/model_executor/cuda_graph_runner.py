@@ -63,7 +63,9 @@ class CudaGraphRunner:
     K + 1 with it), batch_sizes (bs buckets), use_graphs (False: run the padded static batch
     eagerly — the same padding path on CPU, used by the tests), prefill_max_tokens (P > 0:
     also graphs for one request computing up to P tokens, when batch_sizes starts at 1; no
-    bucket beyond the model's context length).
+    bucket beyond the model's context length), backend (the attention backend the graphs
+    capture; default: the model runner's), full_token_buckets_only (one graph per bs bucket b,
+    of b * max_extend_len tokens, instead of one per token bucket).
     """
 
     def __init__(
@@ -74,10 +76,12 @@ class CudaGraphRunner:
         batch_sizes: list[int],
         use_graphs: bool = True,
         prefill_max_tokens: int = 0,
+        backend=None,
+        full_token_buckets_only: bool = False,
     ) -> None:
         self.runner = model_runner
         self.model = model_runner.model
-        self.backend = model_runner.attn_backend
+        self.backend = backend if backend is not None else model_runner.attn_backend
         self.device = model_runner.device
         self.capture_hidden_mode = capture_hidden_mode
         self.max_extend_len = max_extend_len
@@ -86,6 +90,8 @@ class CudaGraphRunner:
         self.max_bs = batch_sizes[-1]
         # token buckets per bs bucket, ascending: decode / verify, then bs 1's prefill buckets
         self.token_buckets = {b: [b * (1 + k) for k in range(max_extend_len)] for b in batch_sizes}
+        if full_token_buckets_only:
+            self.token_buckets = {b: [b * max_extend_len] for b in batch_sizes}
         self.prefill_buckets = []
         if prefill_max_tokens > 0 and batch_sizes[0] == 1:
             longest = min(prefill_max_tokens, _chunk_size(model_runner) or prefill_max_tokens)

@@ -21,6 +21,7 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 from sglang.srt.speculative.draft_config import load_draft_model
 from sglang.srt.speculative.draft_cuda_graph_runner import (
+    DraftChainGraphRunner,
     DraftDecodeGraphRunner,
     DraftExtendGraphRunner,
 )
@@ -48,6 +49,7 @@ class DraftRunner:
         self.attn_backend = create_attention_backend(target.attention_backend_name, self)
         self.graph_runner: DraftDecodeGraphRunner | None = None
         self.extend_graph_runner: DraftExtendGraphRunner | None = None
+        self.chain_graph_runner: DraftChainGraphRunner | None = None
 
     @property
     def token_to_kv_pool(self) -> MHATokenToKVPool:
@@ -67,6 +69,28 @@ class DraftRunner:
             self, batch_sizes, max_extend_len, use_graphs
         )  # first: the larger token count sizes the shared attention buffers
         self.graph_runner = DraftDecodeGraphRunner(self, batch_sizes, use_graphs)
+
+    def init_chain_graphs(
+        self, hidden_pool, batch_sizes: list[int], num_steps: int, use_graphs: bool = True
+    ) -> bool:
+        """Capture whole greedy chain drafting steps (DraftChainGraphRunner) for the bs
+        buckets batch_sizes and K = num_steps, where they apply: an EAGLE-3 draft whose head
+        size the Triton attention kernels take. Returns whether they were set up."""
+        from sglang.srt.layers.attention.triton_backend import check_head_dim
+
+        if not isinstance(self.model, LlamaForCausalLMEagle3) or not batch_sizes:
+            return False
+        cfg = self.model.config
+        try:
+            check_head_dim(
+                getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            )
+        except ValueError:
+            return False
+        self.chain_graph_runner = DraftChainGraphRunner(
+            self, hidden_pool, batch_sizes, num_steps, use_graphs
+        )
+        return True
 
     def catch_up(
         self,

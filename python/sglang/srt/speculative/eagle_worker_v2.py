@@ -38,6 +38,7 @@ from sglang.srt.speculative.draft_config import (
     check_draft_algorithm,
     read_draft_config,
 )
+from sglang.srt.speculative.draft_cuda_graph_runner import CHAIN_MAX_BS, chain_graphs_enabled
 from sglang.srt.speculative.draft_runner import DraftRunner
 from sglang.srt.speculative.spec_info import SpecStepOutput
 from sglang.srt.speculative.verify import (
@@ -100,6 +101,11 @@ class EAGLEWorkerV2:
             self.draft.init_cuda_graphs(
                 target_graphs.batch_sizes, server_args.speculative_num_steps + 1
             )
+            if chain_graphs_enabled():  # whole greedy drafting steps, small batches
+                sizes = [b for b in target_graphs.batch_sizes if b <= CHAIN_MAX_BS]
+                self.draft.init_chain_graphs(
+                    self.hidden_pool, sizes, server_args.speculative_num_steps
+                )
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -220,6 +226,24 @@ class EAGLEWorkerV2:
         d = plan.draft_lens
         active = [i for i in range(len(d)) if d[i] > 0]
         starts = token_starts(mwb)
+        chain = self.draft.chain_graph_runner
+        if (
+            chain is not None
+            and info.is_all_greedy
+            and chain.fits_chain([len(plan.catchup_ids[i]) for i in active])
+        ):
+            loc = mwb.out_cache_loc.numpy()  # [R] KV slots of the verify rows (CPU)
+            drafts = chain.draft(
+                [t for i in active for t in plan.catchup_ids[i]],
+                np.concatenate([plan.catchup_slots[i] for i in active]),
+                [mwb.req_pool_indices[i] for i in active],
+                [plan.catchup_prefix_lens[i] for i in active],
+                [len(plan.catchup_ids[i]) for i in active],
+                [d[i] for i in active],
+                [mwb.extend_prefix_lens[i] for i in active],
+                [loc[starts[i] : starts[i] + d[i]] for i in active],
+            )
+            return drafts, None
         q_rows: list[list[torch.Tensor]] = [[] for _ in d]
         # Draft step s proposes token s - 1 of every request with d_i >= s; `order` maps the
         # step-major proposals to the request-major output (known before drafting).
