@@ -65,7 +65,9 @@ class CudaGraphRunner:
     also graphs for one request computing up to P tokens, when batch_sizes starts at 1; no
     bucket beyond the model's context length), backend (the attention backend the graphs
     capture; default: the model runner's), full_token_buckets_only (one graph per bs bucket b,
-    of b * max_extend_len tokens, instead of one per token bucket).
+    of b * max_extend_len tokens, instead of one per token bucket), verify_backend (an
+    attention backend for the verify buckets, more tokens than requests, of bs up to
+    verify_backend_max_bs; decode and prefill buckets keep `backend`).
     """
 
     def __init__(
@@ -78,10 +80,14 @@ class CudaGraphRunner:
         prefill_max_tokens: int = 0,
         backend=None,
         full_token_buckets_only: bool = False,
+        verify_backend=None,
+        verify_backend_max_bs: int = 0,
     ) -> None:
         self.runner = model_runner
         self.model = model_runner.model
         self.backend = backend if backend is not None else model_runner.attn_backend
+        self.verify_backend = verify_backend
+        self.verify_backend_max_bs = verify_backend_max_bs if verify_backend is not None else 0
         self.device = model_runner.device
         self.capture_hidden_mode = capture_hidden_mode
         self.max_extend_len = max_extend_len
@@ -115,6 +121,8 @@ class CudaGraphRunner:
         self._arange = np.arange(self.max_tokens, dtype=np.int64)  # host request starts
         if use_graphs:
             self.backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
+            if self.verify_backend is not None:
+                self.verify_backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[GraphKey, LogitsProcessorOutput] = {}
         self.batches = {key: self._static_batch(key) for key in self.keys}
@@ -136,6 +144,18 @@ class CudaGraphRunner:
         else:
             return False
         return ok_mode and self.fits(mwb.extend_seq_lens)
+
+    def backend_of(self, key: GraphKey):
+        """The attention backend key's graph captures: verify_backend for a verify bucket
+        (more tokens than requests, not a prefill bucket) of bs <= verify_backend_max_bs,
+        else the runner's backend."""
+        if (
+            key.bs <= self.verify_backend_max_bs
+            and key.num_tokens > key.bs
+            and not self.is_prefill_key(key)
+        ):
+            return self.verify_backend
+        return self.backend
 
     def is_prefill_key(self, key: GraphKey) -> bool:
         """A prefill bucket (one request, more tokens than a verify step computes)."""
@@ -207,7 +227,7 @@ class CudaGraphRunner:
             logits_indices=self.prefill_logit_row if prefill else self.logits_indices[:n],
             req_to_token_pool=self.runner.req_to_token_pool,
             token_to_kv_pool=self.runner.token_to_kv_pool,
-            attn_backend=self.backend,
+            attn_backend=self.backend_of(key),
             capture_hidden_mode=mode,
         )
 
@@ -354,7 +374,8 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream(self.device)
         for key in sorted(self.keys, key=lambda k: (k.num_tokens, k.bs), reverse=True):
             fb = self._dummy_fill(key)
-            self.backend.init_forward_metadata_capture_cuda_graph(fb, self.longest_request(key))
+            backend = self.backend_of(key)
+            backend.init_forward_metadata_capture_cuda_graph(fb, self.longest_request(key))
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile Triton kernels, settle allocator
@@ -380,10 +401,11 @@ class CudaGraphRunner:
         """Run the filled static batch of `key`: replay its graph, or (use_graphs False) run it
         eagerly over the same padded buffers (CPU tests, debugging). Returns the model output,
         which a replay overwrites next time: copy what must outlive it."""
+        backend = self.backend_of(key)
         if not self.use_graphs:
-            self.backend.init_forward_metadata(fb)
+            backend.init_forward_metadata(fb)
             return self._run_model(fb)
-        self.backend.init_forward_metadata_replay_cuda_graph(fb, self.longest_request(key))
+        backend.init_forward_metadata_replay_cuda_graph(fb, self.longest_request(key))
         self.graphs[key].replay()
         return self.outputs[key]
 

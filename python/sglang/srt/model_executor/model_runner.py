@@ -30,6 +30,11 @@ from sglang.srt.server_args import ServerArgs, env_flag
 from sglang.srt.server_args_resolve import default_attention_backend
 from sglang.srt.utils.h2d import int64_to_device
 
+# Largest bs bucket whose verify graphs use Triton attention under a FlashInfer target
+# (ModelRunner.triton_verify_backend): beyond it the host plan is spread over many requests,
+# and drafting rarely pays there.
+TRITON_VERIFY_MAX_BS = 32
+
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 1 << 30  # KV budget on CPU when --max-total-tokens is not given
@@ -165,7 +170,32 @@ class ModelRunner:
             max_extend_len,
             sizes,
             prefill_max_tokens=sa.cuda_graph_prefill_max_tokens or 0,  # None: not resolved
+            verify_backend=self.triton_verify_backend(max_extend_len),
+            verify_backend_max_bs=TRITON_VERIFY_MAX_BS,
         )
+
+    def triton_verify_backend(self, max_extend_len: int):
+        """The Triton attention backend for the verify graphs of small batches when the target
+        runs FlashInfer (None otherwise, or under SGLANG_TRITON_VERIFY=0, or for a head size
+        the Triton kernels do not take).
+
+        Why: a FlashInfer prefill wrapper is planned on the host before every replay; at
+        batch 1 on the H200 that planning and its uploads cost about 0.5 ms of a drafting
+        step's host time (in-process static K = 3: 2.52 ms per step with FlashInfer, 1.95
+        with Triton attention throughout), while Triton's kernels read seq_lens and
+        req_to_token on the device and need no plan. Both read and write the same paged KV
+        pool, so decode graphs keep FlashInfer."""
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, check_head_dim
+
+        if max_extend_len <= 1 or self.attention_backend_name != "flashinfer":
+            return None
+        if env_flag("TRITON_VERIFY", "1") == "0":
+            return None
+        try:
+            check_head_dim(self.model_config.head_dim)
+        except ValueError:
+            return None
+        return TritonAttnBackend(self)
 
     # ------------------------------------------------------------------
     def forward_worker_batch(

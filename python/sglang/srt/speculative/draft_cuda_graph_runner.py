@@ -20,8 +20,6 @@ CUDA-graph buffers and wrappers; one graph replays at a time and re-plans first)
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
@@ -32,6 +30,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
+from sglang.srt.server_args import env_flag
 
 # Largest bs bucket with whole-chain drafting graphs: beyond it drafting rarely pays (the
 # adaptive policy turns it off under load) and the step-by-step replays' host cost is spread
@@ -41,7 +40,7 @@ CHAIN_MAX_BS = 32
 
 def chain_graphs_enabled() -> bool:
     """Whole-chain drafting graphs are on unless SGLANG_DRAFT_CHAIN_GRAPHS=0 (A/B runs)."""
-    return os.environ.get("SGLANG_DRAFT_CHAIN_GRAPHS", "1") != "0"
+    return env_flag("DRAFT_CHAIN_GRAPHS", "1") != "0"
 
 
 class DraftDecodeGraphRunner(CudaGraphRunner):
