@@ -131,6 +131,7 @@ def one_mode(a: argparse.Namespace) -> dict:
         sched.step()
     sync(a.device)
     prof = cProfile.Profile() if a.cprofile else None
+    phases0 = dict(sched.phases.seconds)
     cpu0 = thread_cpu_seconds()
     t0 = time.perf_counter()
     if prof is not None:
@@ -143,6 +144,11 @@ def one_mode(a: argparse.Namespace) -> dict:
     wall = time.perf_counter() - t0
     step_ms = 1e3 * wall / a.steps
     out = {"mode": a.mode, "batch_size": a.batch_size, "step_ms": step_ms, "prefill_ms": prefill_ms}
+    # the scheduler's host phases per step, as a server reports them (host_us_per_step of
+    # paired_serving.py): the in-process side of a server-vs-in-process comparison
+    out["host_us_per_step"] = {
+        k: round(1e6 * (v - phases0[k]) / a.steps, 1) for k, v in sched.phases.seconds.items()
+    }
     out["step_ms_by_chunk"] = _chunk_means(t0, marks, a.chunk_steps)
     if sched.spec is not None:  # requests whose pending draft states were dropped for good
         out["stale_draft_reqs"] = sum(r.draft.stale for r in sched.running)
