@@ -149,6 +149,28 @@ def test_extend_kernel_on_decode_batch_matches_decode_kernel():
     torch.testing.assert_close(layer(*qkv, fb), expected, atol=1e-4, rtol=1e-4)
 
 
+def test_one_query_per_request_with_unassigned_rows_is_not_decode():
+    """A padded static batch with one query per request but more token rows than requests
+    (the chain drafting graph's catch-up of b * (K + 1) rows, run eagerly, when every
+    catch-up is one token): the metadata is not decode (the decode kernel runs one program
+    per row and would index requests past the batch with the extra rows), the real rows equal
+    the reference and the unassigned rows stay zero."""
+    fb, layer, (q, k, v), expected = make_case(3, decode=True, device=DEVICE)
+    t, pad = q.shape[0], 5
+    z = torch.zeros(pad, dtype=torch.int64, device=DEVICE)
+    fb.input_ids = torch.cat([fb.input_ids, z])
+    fb.positions = torch.cat([fb.positions, z])
+    fb.out_cache_loc = torch.cat([fb.out_cache_loc, z])  # the padding slot 0
+    qkv = [torch.cat([x, torch.randn(pad, x.shape[1], device=DEVICE)]) for x in (q, k, v)]
+    backend = TritonAttnBackend()
+    fb.attn_backend = backend
+    backend.init_forward_metadata(fb)
+    assert fb.num_tokens == t + pad and not fb.attn_metadata.is_decode
+    out = layer(*qkv, fb)
+    torch.testing.assert_close(out[:t].float(), expected, atol=2e-4, rtol=2e-4)
+    assert torch.equal(out[t:], torch.zeros_like(out[t:]))
+
+
 def test_bad_head_dim_and_cpu_without_interpreter_refused(monkeypatch):
     fb, _, (q, k, v), _ = make_case(0, decode=True, d=64, device=DEVICE)
     layer = RadixAttention(6, 48, 48**-0.5, 2, 0)

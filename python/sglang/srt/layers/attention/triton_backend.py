@@ -114,7 +114,15 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         ext_cpu = forward_batch.extend_seq_lens_cpu
         max_ext = max(ext_cpu) if ext_cpu else 0
-        is_decode = bool(ext_cpu) and max_ext == 1 and min(ext_cpu) == 1
+        # one query per request and no other token rows: a padded static batch (e.g. the
+        # chain drafting graph's catch-up, b * (K + 1) rows) may hold unassigned rows, which
+        # the decode kernel, one program per row, would index requests with
+        is_decode = (
+            bool(ext_cpu)
+            and max_ext == 1
+            and min(ext_cpu) == 1
+            and forward_batch.num_tokens == forward_batch.batch_size
+        )
         forward_batch.attn_metadata = self._metadata(forward_batch, max_ext, is_decode)
 
     # ---- CUDA graphs: the metadata points at the runner's persistent buffers, which it
