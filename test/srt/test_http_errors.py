@@ -326,6 +326,35 @@ def test_queue_full_gives_503(server):
     assert requests.get(server.base_url + "/health_generate", timeout=60).status_code == 200
 
 
+def test_queue_full_counts_requests_waiting_for_kv(server):
+    """--max-queued-requests bounds the scheduler's waiting queue whatever keeps requests
+    waiting (upstream's rule), not only the running-request limit: prompts of 1,200 tokens
+    in a 2,048-token KV cache run one at a time, so of 7 sent at once one runs, 4 wait and
+    the rest are refused with 503 queue_full, although 7 in flight minus 2 running slots is
+    within the limit of 4 as the tokenizer manager counts it (only 2 would be refused)."""
+
+    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, dict]:
+        sp = {"max_new_tokens": 64, "ignore_eos": True, "temperature": 0.0}
+        body = {"input_ids": [100 + i] + [7 + i] * 1199, "sampling_params": sp}
+        async with session.post(server.base_url + GEN, json=body) as r:
+            return r.status, await r.json()
+
+    async def burst() -> list[tuple[int, dict]]:
+        async with aiohttp.ClientSession(headers=server.headers) as s:
+            return await asyncio.gather(*[one(s, i) for i in range(7)])
+
+    results = asyncio.run(burst())
+    codes = sorted(code for code, _ in results)
+    assert codes.count(503) >= 2 and codes.count(200) >= 1 and set(codes) == {200, 503}, codes
+    for code, body in results:
+        if code == 503:
+            assert body["error"]["code"] == "queue_full"
+            assert "max-queued-requests 4" in body["error"]["message"], body
+        else:  # (a turn may end early, "KV cache is full", while the next prompt is chunked)
+            assert 1 <= body["meta_info"]["completion_tokens"] <= 64, body["meta_info"]
+    assert requests.get(server.base_url + "/health_generate", timeout=60).status_code == 200
+
+
 def test_validation_messages_read_like_openai(server):
     """pydantic's plumbing does not leak into messages: no "Value error, " prefix, one entry
     per field for a value that fits no branch of a union, a model-level check names its

@@ -20,15 +20,25 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 class FinishReason:
     """Why a request ended; `to_json()` is upstream's meta_info["finish_reason"]."""
 
-    def __init__(self, type_: str, matched: int | str | None = None, message: str | None = None):
+    def __init__(
+        self,
+        type_: str,
+        matched: int | str | None = None,
+        message: str | None = None,
+        status_code: int | None = None,
+    ):
         self.type = type_  # "stop" | "length" | "abort"
         self.matched = matched
         self.message = message
+        # an abort the HTTP layer answers with this status (upstream: 503 for a full queue)
+        self.status_code = status_code
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"type": self.type, "matched": self.matched}
         if self.message:
             out["message"] = self.message
+        if self.status_code is not None:
+            out["status_code"] = self.status_code
         return out
 
 

@@ -305,6 +305,18 @@ class Scheduler:
             req.finished_reason = FinishReason("abort", message=str(e))
             self.outputs.emit(req)
             return
+        limit = self.server_args.max_queued_requests
+        if limit is not None and len(self.waiting_queue) >= limit:
+            # upstream's rule: the waiting queue holds at most --max-queued-requests requests
+            # (whatever keeps them waiting: running slots, KV or the prefill budget); the
+            # tokenizer manager answers this abort with HTTP 503
+            req.finished_reason = FinishReason(
+                "abort",
+                message=f"the waiting queue is full (--max-queued-requests {limit}); retry later",
+                status_code=503,
+            )
+            self.outputs.emit(req)
+            return
         self.waiting_queue.append(req)
 
     def abort_request(self, rid: str) -> None:

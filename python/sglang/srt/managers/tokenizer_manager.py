@@ -273,6 +273,11 @@ class TokenizerManager:
         )
 
     def _check_queue(self, adding: int) -> None:
+        """Early refusal (QueueFullError) when the requests in flight beyond the running
+        batch's capacity already exceed --max-queued-requests. This counts only what the
+        running-request limit keeps waiting; the scheduler applies the exact bound to its
+        waiting queue (requests kept waiting by KV memory or the prefill budget too) and its
+        refusals come back as aborts with status_code 503 (_wait_one raises them)."""
         limit = self.server_args.max_queued_requests
         # Requests beyond the running batch's capacity wait in the scheduler's queue.
         waiting = len(self.rid_to_state) + adding - self.server_args.max_running_requests
@@ -302,7 +307,11 @@ class TokenizerManager:
             # set again, so the next iteration does), not dropped by a re-read after it.
             finished = state.finished
             if stream or finished:
-                yield self._output(state)
+                out = self._output(state)
+                reason = out["meta_info"].get("finish_reason") or {}
+                if finished and reason.get("status_code") == 503:  # the scheduler's full queue
+                    raise QueueFullError(reason.get("message", ""))
+                yield out
             if finished:
                 return
 
