@@ -131,6 +131,12 @@ def test_info_endpoints(server, tiny_model_dir):
     assert info["tokenizer_path"] == tiny_model_dir
     models = server.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == [info["served_model_name"]]
+    # OpenAI's retrieve route, by name, by path (slashes included) and by "default"
+    for name in (info["served_model_name"], tiny_model_dir, "default"):
+        card = server.get(f"/v1/models/{name}").json()
+        assert card == {**models["data"][0], "created": card["created"]}
+    missing = server.get("/v1/models/no-such-model")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     state = server.internal_state()
     assert state["kv_pool_size"] > 0 and state["num_running_reqs"] == 0
     # ServerProcess serves with --device cpu, also on a GPU machine: the CPU defaults

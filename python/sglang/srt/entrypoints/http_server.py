@@ -3,7 +3,8 @@
 Native endpoints (upstream SGLang): POST /generate, GET /health, GET /health_generate,
 GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request,
 GET /metrics (with --enable-metrics). OpenAI endpoints: POST /v1/completions,
-POST /v1/chat/completions, GET /v1/models. Every error is an OpenAI error body (errors.py).
+POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}. Every error is an OpenAI
+error body (errors.py).
 
 `launch_server` starts the engine processes (engine.launch_subprocesses), serves until
 SIGINT/SIGTERM, and then stops every child process.
@@ -37,6 +38,7 @@ from sglang.srt.entrypoints.openai.errors import (
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     ClientGone,
+    check_model,
     generate_once,
     open_stream,
     sse_frames,
@@ -177,9 +179,8 @@ def create_app(tokenizer_manager: Any, server_args: ServerArgs) -> FastAPI:
     async def v1_chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
         return await _guard(chat.handle(req, raw))
 
-    @app.get("/v1/models")
-    async def v1_models() -> dict:
-        card = {
+    def model_card() -> dict:
+        return {
             "id": tm.served_model_name,
             "object": "model",
             "created": int(time.time()),
@@ -187,7 +188,17 @@ def create_app(tokenizer_manager: Any, server_args: ServerArgs) -> FastAPI:
             "root": server_args.model_path,
             "max_model_len": tm.model_config.context_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def v1_models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def v1_model(model: str) -> dict:
+        """OpenAI's retrieve-model route (client.models.retrieve): the served model's card
+        for its name, its path or "default"; 404 model_not_found otherwise."""
+        check_model(tm, model)
+        return model_card()
 
     if collector is not None:
 
