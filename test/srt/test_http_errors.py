@@ -98,6 +98,15 @@ CASES = [
     # nesting: 5000 levels were a RecursionError (500) on /generate, ~966 on the OpenAI routes
     (GEN, b'{"text": "hi", "rid": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "nested"),
     (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "user": ' + DEEP_500, 400, "nested"),
+    # past FastAPI's parser's recursion (its refusal said "not valid UTF-8 JSON")
+    (CHAT, b'{"model": "default", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, "nested"),
+    (
+        COMP,
+        b'{"model": "default", "prompt": "[{", "user": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+        400,
+        "nested",
+    ),  # fmt: skip
+    (COMP, b'{"model": "default", "prompt": "hi",', 400, "invalid JSON body"),
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),
 ]

@@ -212,6 +212,30 @@ def json_too_deep(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def raw_json_too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the raw JSON text `body` opens lists / objects more than `limit` levels deep
+    (brackets inside strings, escapes included, do not count). For a body a JSON parser
+    refused: a deep enough one exhausts its recursion, and the client should hear why."""
+    depth, in_str, escaped = 0, False, False
+    for c in body:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:  # quote
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return False
+
+
 def json_too_deep_message(limit: int = MAX_JSON_DEPTH) -> str:
     """The one wording of the nesting-depth error (every route)."""
     return f"invalid JSON body: lists / objects nested more than {limit} levels deep"

@@ -18,7 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sglang.srt.managers.request_validation import ContextLengthError, MaxTokensError
+from sglang.srt.managers.request_validation import (
+    ContextLengthError,
+    MaxTokensError,
+    json_too_deep_message,
+    raw_json_too_deep,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +227,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             msg = f"unknown route {request.method} {request.url.path}"
         elif exc.status_code == 400 and "parsing the body" in str(exc.detail):
-            msg = "invalid request body: not valid UTF-8 JSON"
+            # FastAPI's parser refused it; one nested past the recursion limit says so
+            deep = raw_json_too_deep(await request.body())
+            msg = json_too_deep_message() if deep else "invalid request body: not valid UTF-8 JSON"
         else:
             msg = str(exc.detail) or HTTPStatus(exc.status_code).phrase
         return error_response(msg, exc.status_code)
