@@ -172,7 +172,12 @@ class DraftChainGraphRunner(CudaGraphRunner):
     """
 
     def __init__(
-        self, draft_runner, hidden_pool, batch_sizes: list[int], num_steps: int, use_graphs=True
+        self,
+        draft_runner,
+        hidden_pool,
+        batch_sizes: list[int],
+        num_steps: int,
+        use_graphs: bool = True,
     ) -> None:
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
@@ -183,8 +188,8 @@ class DraftChainGraphRunner(CudaGraphRunner):
         # Packed int64 chain inputs, one upload per replay. Layout: step positions
         # [(K - 1) * B] | step seq_lens [(K - 1) * B] | step KV slots [(K - 1) * B] | catch-up
         # rows' hidden-pool slots [N] | request-major gather index into toks [B * K].
-        self.chain = PinnedStaging(3 * (num_steps - 1) * max_bs + n + max_bs * num_steps,
-                                   draft_runner.device)  # fmt: skip
+        size = 3 * (num_steps - 1) * max_bs + n + max_bs * num_steps
+        self.chain = PinnedStaging(size, draft_runner.device)
         # [K, B] int64: token s of every row (target vocabulary), written by the graph
         self.toks = torch.zeros(num_steps, max_bs, dtype=torch.int64, device=draft_runner.device)
         self.steps: dict[int, list[ForwardBatch]] = {}  # per bs bucket: K - 1 decode batches
