@@ -185,15 +185,16 @@ class ModelRunner:
         with Triton attention throughout), while Triton's kernels read seq_lens and
         req_to_token on the device and need no plan. Both read and write the same paged KV
         pool, so decode graphs keep FlashInfer."""
-        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, check_head_dim
+        from sglang.srt.layers.attention.triton_backend import (
+            TritonAttnBackend,
+            head_dim_supported,
+        )
 
         if max_extend_len <= 1 or self.attention_backend_name != "flashinfer":
             return None
         if env_flag("TRITON_VERIFY", "1") == "0":
             return None
-        try:
-            check_head_dim(self.model_config.head_dim)
-        except ValueError:
+        if not head_dim_supported(self.model_config.head_dim):
             return None
         return TritonAttnBackend(self)
 

@@ -76,16 +76,11 @@ class DraftRunner:
         """Capture whole greedy chain drafting steps (DraftChainGraphRunner) for the bs
         buckets batch_sizes and K = num_steps, where they apply: an EAGLE-3 draft whose head
         size the Triton attention kernels take. Returns whether they were set up."""
-        from sglang.srt.layers.attention.triton_backend import check_head_dim
+        from sglang.srt.layers.attention.triton_backend import head_dim_supported
 
         if not isinstance(self.model, LlamaForCausalLMEagle3) or not batch_sizes:
             return False
-        cfg = self.model.config
-        try:
-            check_head_dim(
-                getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-            )
-        except ValueError:
+        if not head_dim_supported(self.kv_pool.head_dim):
             return False
         self.chain_graph_runner = DraftChainGraphRunner(
             self, hidden_pool, batch_sizes, num_steps, use_graphs

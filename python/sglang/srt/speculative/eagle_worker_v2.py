@@ -226,19 +226,21 @@ class EAGLEWorkerV2:
         d = plan.draft_lens
         active = [i for i in range(len(d)) if d[i] > 0]
         starts = token_starts(mwb)
+        loc = mwb.out_cache_loc.numpy()  # [R] KV slots of the verify rows (CPU)
+        # the catch-up draft extend of the drafting requests (both paths below)
+        ids = [t for i in active for t in plan.catchup_ids[i]]
+        slots = np.concatenate([plan.catchup_slots[i] for i in active])
+        pools = [mwb.req_pool_indices[i] for i in active]
+        prefix = [plan.catchup_prefix_lens[i] for i in active]
+        lens = [len(plan.catchup_ids[i]) for i in active]
         chain = self.draft.chain_graph_runner
-        if (
-            chain is not None
-            and info.is_all_greedy
-            and chain.fits_chain([len(plan.catchup_ids[i]) for i in active])
-        ):
-            loc = mwb.out_cache_loc.numpy()  # [R] KV slots of the verify rows (CPU)
+        if chain is not None and info.is_all_greedy and chain.fits_chain(lens):
             drafts = chain.draft(
-                [t for i in active for t in plan.catchup_ids[i]],
-                np.concatenate([plan.catchup_slots[i] for i in active]),
-                [mwb.req_pool_indices[i] for i in active],
-                [plan.catchup_prefix_lens[i] for i in active],
-                [len(plan.catchup_ids[i]) for i in active],
+                ids,
+                slots,
+                pools,
+                prefix,
+                lens,
                 [d[i] for i in active],
                 [mwb.extend_prefix_lens[i] for i in active],
                 [loc[starts[i] : starts[i] + d[i]] for i in active],
@@ -249,21 +251,17 @@ class EAGLEWorkerV2:
         # step-major proposals to the request-major output (known before drafting).
         first = list(accumulate([0, *d[:-1]]))
         order = [first[i] + s for s in range(max(d)) for i in active if d[i] > s]
-        slots = np.concatenate([plan.catchup_slots[i] for i in active])
-        catchup_ids, order_t, slots_t = int64_to_device(
-            [[t for i in active for t in plan.catchup_ids[i]], order, slots], self.device
-        )
+        catchup_ids, order_t, slots_t = int64_to_device([ids, order, slots], self.device)
         logits, g = self.draft.catch_up(
             catchup_ids,
             self.hidden_pool.read(slots_t),  # the pending positions' target hidden states
-            [mwb.req_pool_indices[i] for i in active],
-            [plan.catchup_prefix_lens[i] for i in active],
-            [len(plan.catchup_ids[i]) for i in active],
+            pools,
+            prefix,
+            lens,
             torch.from_numpy(slots),
         )
         step = 1
         picked: list[torch.Tensor] = []  # per draft step: [m] target ids of its active rows
-        loc = mwb.out_cache_loc.numpy()  # [R] KV slots of the verify rows (CPU)
         while True:
             tok = self._pick(logits, active, step, info, q_rows)  # [m] int64, on the device
             picked.append(tok)

@@ -53,9 +53,14 @@ class TritonMetadata:
     )
 
 
+def head_dim_supported(head_dim: int) -> bool:
+    """Whether the kernels take head_dim: a power of two in [16, 256] (their tile sizes)."""
+    return 16 <= head_dim <= 256 and not head_dim & (head_dim - 1)
+
+
 def check_head_dim(head_dim: int) -> None:
-    """Raise ValueError unless head_dim is a power of two in [16, 256] (kernel tile sizes)."""
-    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+    """Raise ValueError unless head_dim_supported(head_dim)."""
+    if not head_dim_supported(head_dim):
         raise ValueError(
             f"--attention-backend triton needs head_dim to be a power of two in [16, 256] "
             f"(e.g. 64 or 128), got {head_dim}; use --attention-backend torch_native"
