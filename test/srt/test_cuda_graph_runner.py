@@ -21,7 +21,13 @@ from sglang.srt.model_executor.cuda_graph_buckets import (
 )
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
-from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+from sglang.test.scheduler_utils import (
+    count_calls,
+    make_scheduler,
+    record_step_proposals,
+    run_until_idle,
+    submit,
+)
 from sglang.test.tiny_models import make_tiny_model_dir
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -540,7 +546,6 @@ def test_spec_engine_graphs_equal_eager(tiny_model_dir, tmp_path):
     verify, draft catch-up extend, draft decode steps, whole-chain drafting) the outputs equal
     the eager run and the plain engine's, and every proposal equals the eager run's; the
     catch-up or chain graphs ran."""
-    from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
     from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
     draft_dir = make_tiny_eagle3_dir(str(tmp_path / "eagle3"), tiny_model_dir)
@@ -556,33 +561,20 @@ def test_spec_engine_graphs_equal_eager(tiny_model_dir, tmp_path):
             speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
             speculative_num_steps=3, **kw,
         )  # fmt: skip
-        worker, proposals, replays = sched.tp_worker, [], [0]
-        real = worker.draft_tokens
-
-        def record(mwb):
-            drafts, q = real(mwb)
-            proposals.append(drafts_by_request(drafts, mwb.spec.draft_lens))
-            return drafts, q
-
-        worker.draft_tokens = record
+        worker, replays = sched.tp_worker, {"graph": 0}
+        proposals = record_step_proposals(worker)
         for runner, name in (
             (worker.draft.extend_graph_runner, "extend"),
             (worker.draft.chain_graph_runner, "draft"),  # whole greedy drafting steps
         ):
             if runner is not None:
-                real_call = getattr(runner, name)
-
-                def counted(*args, real_call=real_call):
-                    replays[0] += 1
-                    return real_call(*args)
-
-                setattr(runner, name, counted)
+                count_calls(runner, name, replays, "graph")
         for i, (p, n) in enumerate(zip(prompts, lens, strict=True)):
             submit(sched, f"r{i}", p, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
         out: dict[str, dict] = {}
         run_until_idle(sched, out)
         sched.kv.check_accounting()
-        return {rid: o["output_ids"] for rid, o in out.items()}, proposals, replays[0]
+        return {rid: o["output_ids"] for rid, o in out.items()}, proposals, replays["graph"]
 
     eager, eager_props, eager_replays = run(True)
     graphs, graph_props, graph_replays = run(False)

@@ -313,18 +313,23 @@ def test_api_key(server):
     assert requests.get(url + "/health", timeout=30).status_code == 200  # open, as upstream
 
 
-def test_queue_full_gives_503(server):
-    async def one(session: aiohttp.ClientSession) -> tuple[int, dict]:
-        sp = {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0.0}
-        body = {"text": "Tell a story", "sampling_params": sp}
+def _burst(server: ServerProcess, bodies: list[dict]) -> list[tuple[int, dict]]:
+    """POST every /generate body at once; (status, JSON body) of each, in order."""
+
+    async def one(session: aiohttp.ClientSession, body: dict) -> tuple[int, dict]:
         async with session.post(server.base_url + GEN, json=body) as r:
             return r.status, await r.json()
 
     async def burst() -> list[tuple[int, dict]]:
         async with aiohttp.ClientSession(headers=server.headers) as s:
-            return await asyncio.gather(*[one(s) for _ in range(10)])
+            return await asyncio.gather(*[one(s, b) for b in bodies])
 
-    results = asyncio.run(burst())
+    return asyncio.run(burst())
+
+
+def test_queue_full_gives_503(server):
+    sp = {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0.0}
+    results = _burst(server, [{"text": "Tell a story", "sampling_params": sp}] * 10)
     codes = sorted(code for code, _ in results)
     assert codes.count(200) >= 4 and codes.count(503) >= 1 and set(codes) == {200, 503}, codes
     for code, body in results:
@@ -341,18 +346,9 @@ def test_queue_full_counts_requests_waiting_for_kv(server):
     in a 2,048-token KV cache run one at a time, so of 7 sent at once one runs, 4 wait and
     the rest are refused with 503 queue_full, although 7 in flight minus 2 running slots is
     within the limit of 4 as the tokenizer manager counts it (only 2 would be refused)."""
-
-    async def one(session: aiohttp.ClientSession, i: int) -> tuple[int, dict]:
-        sp = {"max_new_tokens": 64, "ignore_eos": True, "temperature": 0.0}
-        body = {"input_ids": [100 + i] + [7 + i] * 1199, "sampling_params": sp}
-        async with session.post(server.base_url + GEN, json=body) as r:
-            return r.status, await r.json()
-
-    async def burst() -> list[tuple[int, dict]]:
-        async with aiohttp.ClientSession(headers=server.headers) as s:
-            return await asyncio.gather(*[one(s, i) for i in range(7)])
-
-    results = asyncio.run(burst())
+    sp = {"max_new_tokens": 64, "ignore_eos": True, "temperature": 0.0}
+    bodies = [{"input_ids": [100 + i] + [7 + i] * 1199, "sampling_params": sp} for i in range(7)]
+    results = _burst(server, bodies)
     codes = sorted(code for code, _ in results)
     assert codes.count(503) >= 2 and codes.count(200) >= 1 and set(codes) == {200, 503}, codes
     for code, body in results:

@@ -17,8 +17,10 @@ from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
 from sglang.test.engine_checks import assert_no_kv_leak
 from sglang.test.scheduler_utils import (
     abort,
+    count_calls,
     make_scheduler,
     record_draft_proposals,
+    record_step_proposals,
     run_until_idle,
     submit,
 )
@@ -475,29 +477,19 @@ def test_padded_draft_graph_runners_equal_eager_engine(
 
     def run(padded: bool):
         sched = spec_scheduler(tiny_model_dir, draft_dir)
-        worker, proposals, calls = sched.tp_worker, [], {"graph": 0, "long": 0}
+        worker, calls = sched.tp_worker, {"graph": 0, "long": 0}
         draft = worker.draft
         if padded:
             draft.init_cuda_graphs([1, 2, 4], K + 1, use_graphs=False)
-            runner, real_extend = draft.extend_graph_runner, draft.extend_graph_runner.extend
-
-            def counted(*args):
-                calls["graph"] += 1
-                return real_extend(*args)
-
-            runner.extend = counted
-        real_catch_up, real_tokens = draft.catch_up, worker.draft_tokens
+            count_calls(draft.extend_graph_runner, "extend", calls, "graph")
+        real_catch_up = draft.catch_up
 
         def catch_up(*args):
             calls["long"] += max(args[4]) > K + 1  # extend_lens
             return real_catch_up(*args)
 
-        def record(mwb):
-            drafts, q = real_tokens(mwb)
-            proposals.append(drafts_by_request(drafts, mwb.spec.draft_lens))
-            return drafts, q
-
-        draft.catch_up, worker.draft_tokens = catch_up, record
+        draft.catch_up = catch_up
+        proposals = record_step_proposals(worker)
         step, base = {"n": 0}, sched.spec.choose_draft_lens
 
         def toggled(reqs):  # catch-ups of 1 to 3 tokens, and of 6 (r2 skips steps 10..14)
@@ -539,27 +531,14 @@ def chain_vs_step_by_step(tiny_model_dir, draft_dir, device: str, monkeypatch):
         monkeypatch.setenv("SGLANG_DRAFT_CHAIN_GRAPHS", "1" if chain else "0")
         kw = dict(device="cuda", attention_backend="triton", disable_overlap_schedule=True)
         sched = spec_scheduler(tiny_model_dir, draft_dir, **(kw if device == "cuda" else {}))
-        worker, proposals, calls = sched.tp_worker, [], {"chain": 0}
+        worker, calls = sched.tp_worker, {"chain": 0}
         draft = worker.draft
         if chain and device == "cpu":
             assert draft.init_chain_graphs(worker.hidden_pool, [1, 2, 4], K, use_graphs=False)
         assert (draft.chain_graph_runner is not None) == chain
         if chain:
-            runner, real_draft = draft.chain_graph_runner, draft.chain_graph_runner.draft
-
-            def counted(*args):
-                calls["chain"] += 1
-                return real_draft(*args)
-
-            runner.draft = counted
-        real_tokens = worker.draft_tokens
-
-        def record(mwb):
-            drafts, q = real_tokens(mwb)
-            proposals.append(drafts_by_request(drafts, mwb.spec.draft_lens))
-            return drafts, q
-
-        worker.draft_tokens = record
+            count_calls(draft.chain_graph_runner, "draft", calls, "chain")
+        proposals = record_step_proposals(worker)
         step = {"n": 0}
 
         def varied(reqs):  # d_i in 0..K per step and request; r2 skips steps 10..14

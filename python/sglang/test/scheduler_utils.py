@@ -90,3 +90,32 @@ def record_draft_proposals(worker) -> dict[int, list[int]]:
 
     worker.draft_tokens = record
     return proposals
+
+
+def record_step_proposals(worker) -> list[list[list[int]]]:
+    """Wrap a speculative worker's draft_tokens so that each drafting step's proposals (per
+    request of the step, its d_i draft ids) are appended, in step order, to the list it
+    returns."""
+    from sglang.srt.speculative.eagle_worker_v2 import drafts_by_request
+
+    steps: list[list[list[int]]] = []
+    real = worker.draft_tokens
+
+    def record(mwb):
+        drafts, q = real(mwb)
+        steps.append(drafts_by_request(drafts, mwb.spec.draft_lens))
+        return drafts, q
+
+    worker.draft_tokens = record
+    return steps
+
+
+def count_calls(obj, name: str, counts: dict[str, int], key: str) -> None:
+    """Wrap obj.<name> so that each call adds 1 to counts[key] (the call itself unchanged)."""
+    real = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        counts[key] += 1
+        return real(*args, **kwargs)
+
+    setattr(obj, name, counted)
