@@ -191,26 +191,10 @@ def one_mode(a: argparse.Namespace) -> dict:
                 runner.graphs[vkey].replay()
             sync(a.device)
             out["verify_graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
-        if a.kernel_table:  # the graph's kernels (CUPTI traces kernels of graph launches)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as kprof:
-                for _ in range(8):
-                    graph.replay()
-                sync(a.device)
-            ka = kprof.key_averages()
-            out["graph_kernel_table"] = ka.table(
-                sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70
-            ).splitlines()
-            if runner.max_extend_len > 1:  # the verify graph's kernels, 8 replays
-                acts = [torch.profiler.ProfilerActivity.CUDA]
-                with torch.profiler.profile(activities=acts) as vprof:
-                    for _ in range(8):
-                        runner.graphs[vkey].replay()
-                    sync(a.device)
-                out["verify_graph_kernel_table"] = (
-                    vprof.key_averages()
-                    .table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
-                    .splitlines()
-                )
+        if a.kernel_table:  # the graphs' kernels (CUPTI traces kernels of graph launches)
+            out["graph_kernel_table"] = _kernel_table(graph, a.device)
+            if runner.max_extend_len > 1:
+                out["verify_graph_kernel_table"] = _kernel_table(runner.graphs[vkey], a.device)
     out["scheduler_stats"] = {
         k: v for k, v in sched.stats.items() if k.startswith(("forward", "overlap"))
     }
@@ -295,6 +279,19 @@ def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
                 sort_by="self_cuda_time_total", row_limit=30
             ).splitlines()
     return out
+
+
+def _kernel_table(graph, device: str) -> list[str]:
+    """torch.profiler's CUDA kernel table (top 40 by self time) of 8 replays of `graph`."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(8):
+            graph.replay()
+        sync(device)
+    return (
+        prof.key_averages()
+        .table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
+        .splitlines()
+    )
 
 
 def _step_profile(sched, a: argparse.Namespace) -> dict:
