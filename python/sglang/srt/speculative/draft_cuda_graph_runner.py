@@ -288,18 +288,17 @@ class DraftChainGraphRunner(CudaGraphRunner):
         key = self.pick(m, t)
         h = self.chain.stage()
         pos, seq, loc = (self._chain_region(h, f) for f in range(3))
-        pos[:] = 0
-        seq[:] = 1
+        pos[:] = 0  # pad rows: position 0, slot 0
         loc[:] = 0
         gather = []
         rows = zip(draft_lens, verify_prefix_lens, verify_slots, strict=True)
         for i, (d, n, slots) in enumerate(rows):
             for s in range(2, K + 1):  # frozen at its last step once s > d (slot 0)
                 pos[s - 2, i] = n + min(s, d) - 2
-                seq[s - 2, i] = n + min(s, d) - 1
                 if s <= d:
                     loc[s - 2, i] = slots[s - 2]
             gather.extend(j * self.max_bs + i for j in range(d))
+        seq[:] = pos + 1  # each step's KV length: its token's position + 1
         hs = self._chain_region(h, 3)
         hs[:t] = catchup_slots
         hs[t:] = 0
