@@ -523,8 +523,8 @@ def chain_vs_step_by_step(tiny_model_dir, draft_dir, device: str, monkeypatch):
     """Three requests (bs-4 bucket) with per-request draft lengths of 0 to K changing every
     step, run with the step-by-step chain and with DraftChainGraphRunner (on CPU set up
     eagerly; on CUDA the worker's own graphs, switched off by SGLANG_DRAFT_CHAIN_GRAPHS=0).
-    Returns per run (outputs, per-step proposals, chain calls, draft KV pool without the
-    padding slot 0)."""
+    Returns per run (outputs, per-step proposals, chain calls, draft K/V: the pool without
+    the padding slot 0, then each drafting step's verify-row slots right after drafting)."""
     ps = prompts(24)
 
     def run(chain: bool):
@@ -539,6 +539,19 @@ def chain_vs_step_by_step(tiny_model_dir, draft_dir, device: str, monkeypatch):
         if chain:
             count_calls(draft.chain_graph_runner, "draft", calls, "chain")
         proposals = record_step_proposals(worker)
+        # the draft K/V in the verify rows' slots right after each drafting step (the draft
+        # steps' entries: a later catch-up or reuse of the slot overwrites them)
+        step_kv, real_tokens = [], worker.draft_tokens
+
+        def snapshot(mwb):
+            out = real_tokens(mwb)
+            loc = mwb.out_cache_loc.to(draft.kv_pool.k_buffer[0].device)
+            step_kv.append(
+                torch.cat([draft.kv_pool.k_buffer[0][loc], draft.kv_pool.v_buffer[0][loc]]).cpu()
+            )
+            return out
+
+        worker.draft_tokens = snapshot
         step = {"n": 0}
 
         def varied(reqs):  # d_i in 0..K per step and request; r2 skips steps 10..14
@@ -557,7 +570,7 @@ def chain_vs_step_by_step(tiny_model_dir, draft_dir, device: str, monkeypatch):
         run_until_idle(sched, outs)
         sched.kv.check_accounting()
         pool = draft.kv_pool  # slot 0 (padding) excluded: frozen rows write there
-        kv = (pool.k_buffer[0][1:].cpu(), pool.v_buffer[0][1:].cpu())
+        kv = (pool.k_buffer[0][1:].cpu(), pool.v_buffer[0][1:].cpu(), *step_kv)
         return {rid: o["output_ids"] for rid, o in outs.items()}, proposals, calls, kv
 
     return run(False), run(True)
@@ -570,7 +583,9 @@ def check_chain_equals_step_by_step(step, chained) -> None:
     assert any(len({len(p) for p in props}) >= 3 for props in chain_props)  # ragged d_i
     # every drafting step but the one after r2's long stretch without drafting was chained
     assert len(chain_props) - 2 <= calls["chain"] < len(chain_props)
-    for got, want in zip(chain_kv, step_kv, strict=True):  # positions (RoPE), slots, inputs
+    # the final pools, then each drafting step's verify-row slots: positions (RoPE), KV
+    # lengths, slots and inputs of every draft step
+    for got, want in zip(chain_kv, step_kv, strict=True):
         assert want.abs().sum() > 0
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
