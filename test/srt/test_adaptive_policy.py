@@ -611,26 +611,39 @@ class _Req:
         self.req_pool_idx, self.kv_len, self.draft = slot, 100, _Draft()
 
 
-def simulate_controller(monkeypatch, cfg: dict, steps: int, alpha: float) -> list[int]:
+def simulate_controller(
+    monkeypatch,
+    cfg: dict,
+    steps: int,
+    alpha: float,
+    costs: tuple[float, float, float] = (2e-3, 9e-3, 2e-3),
+    stats: dict | None = None,
+) -> list[int]:
     """One request decoding `steps` steps under the goodput controller; the true cost of a
-    step is 2 ms plain and 9 ms drafting (SmolLM2 at batch 1 on the H200), a fake clock
-    advances by it, and each draft position is accepted with probability alpha. Returns the
-    sum of draft lengths of every step."""
+    step is costs = (plain, drafting, plain right after a drafting step) seconds (default:
+    2 ms plain and 9 ms drafting, SmolLM2 at batch 1 on the H200 in the seventh session), a
+    fake clock advances by it, and each draft position is accepted with probability alpha.
+    Returns the sum of draft lengths of every step; stats (if given) gets the tokens
+    committed and the seconds taken."""
     from sglang.srt.speculative.adaptive import controller as ctl
 
     clock = [0.0]
     monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
     c = ctl.AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=1)
     rng = random.Random(5)
-    req, out = _Req(0), []
+    req, out, tokens = _Req(0), [], 0
+    plain_s, draft_s, transition_s = costs
     for step in range(steps):
         (d,) = c.choose([req], [K])
         accepted = 0
         while accepted < d and rng.random() < alpha:
             accepted += 1
-        clock[0] += 9e-3 if d else 2e-3
+        clock[0] += draft_s if d else transition_s if out and out[-1] else plain_s
         c.observe([req], [d], [accepted], 1e-3, step)
         out.append(d)
+        tokens += 1 + accepted
+    if stats is not None:
+        stats.update(tokens=tokens, seconds=clock[0], controller=c)
     return out
 
 
@@ -653,6 +666,47 @@ def test_zero_probe_corrects_an_over_estimated_plain_step(monkeypatch):
     assert sum(d > 0 for d in never[-150:]) > 140
 
 
+# The warm-up fit of an adaptive FlashInfer server on the H200 (twentieth session): a plain
+# step of 1.39 ms (synthetic steps run unpipelined) and 0.75 ms more to draft.
+H200_PRIOR = {
+    "time_model": {
+        "const": 1.39e-3,
+        "verify_tokens": 1.0e-6,
+        "draft_tokens": 2.3e-6,
+        "draft_steps": 3.6e-7,
+        "spec_on": 7.5e-4,
+        "draft_reqs": 3.5e-6,
+    }
+}
+
+
+def test_probe_runs_past_the_transition_step(monkeypatch):
+    """The H200 case of the twentieth session: pipelined plain steps take 0.8 ms, a drafting
+    step 3.2 ms for ~2.3 tokens (alpha 0.6, K = 4), and a plain step right after a drafting
+    step 2.2 ms (it runs unpipelined). Judged by that transition step, drafting (0.72 tokens
+    per ms) beats plain steps (0.45) and the server drafted on at 0.6x; the controller must
+    learn plain steps from the probe's later steps and deliver at least 0.9x the plain rate
+    (1.25 tokens per ms) over the run, drafting in few of its last 600 steps."""
+    costs = (0.8e-3, 3.2e-3, 2.2e-3)
+    stats: dict = {}
+    out = simulate_controller(monkeypatch, H200_PRIOR, 1200, 0.6, costs, stats)
+    assert out[0] > 0  # the prior makes it draft first
+    assert sum(d > 0 for d in out[-600:]) <= 30
+    assert stats["tokens"] / stats["seconds"] >= 0.9 * (1 / 0.8e-3)
+    c = stats["controller"]
+    assert c.num_transition_steps >= 1 and c.info()["spec_transition_steps"] == (
+        c.num_transition_steps
+    )
+    # where drafting does pay (alpha 0.95: ~4.5 tokens per 3.2 ms, 1.41 per ms against 1.25)
+    # it keeps drafting, the probes' plain steps aside, and the guard does not trip on a
+    # trial's noise
+    stats = {}
+    out = simulate_controller(monkeypatch, H200_PRIOR, 1200, 0.95, costs, stats)
+    assert sum(d > 0 for d in out[-600:]) >= 600 * 32 / 36 - 8
+    assert stats["tokens"] / stats["seconds"] >= 1.05 * (1 / 0.8e-3)
+    assert stats["controller"].guard.num_trips == 0
+
+
 def test_guard_blocks_drafting_a_model_cannot_unlearn(monkeypatch):
     """A fixed model (online correction off, so no probes either) that says drafting pays
     while it delivers 1.4 tokens per 9 ms against 1 per 2 ms: without the guard it drafts in
@@ -666,8 +720,9 @@ def test_guard_blocks_drafting_a_model_cannot_unlearn(monkeypatch):
     drafting = [i for i, d in enumerate(guarded) if d > 0]
     assert guarded[0] > 0 and len(drafting) <= 8 * 5  # trials of 8 steps
     gaps = [b - a for a, b in zip(drafting, drafting[1:], strict=False) if b - a > 1]
-    # the guard's plain steps (4 samples), then blocks of 40 and 80 steps between trials
-    assert gaps[0] <= 6 and gaps[1] == 40 + 1 and gaps[2] == 80 + 1
+    # the guard's plain steps: two probes of 4 (4 samples needed; the first step after
+    # drafting is a transition, no sample), then blocks of 40 and 80 steps between trials
+    assert gaps[0] == 2 * 4 + 1 and gaps[1] == 40 + 1 and gaps[2] == 80 + 1
 
 
 def test_guard_keeps_drafting_that_delivers(monkeypatch):

@@ -70,6 +70,12 @@ class AdaptiveController:
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
         self._drafting_run = 0  # consecutive committed steps that drafted (cfg.probe_every)
         self.num_probes = 0
+        self._probe_left = 0  # plain steps still to run in the current probe (cfg.probe_len)
+        # whether the last observed decode step drafted: a plain step right after one runs
+        # unpipelined (the drafting step drained the overlap pipeline) and costs what steady
+        # plain steps do not, so it is no sample of them (observe)
+        self._last_drafted = False
+        self.num_transition_steps = 0  # plain steps after a drafting step (no samples)
         self.last = {
             "bs": 0,
             "sum_d": 0,
@@ -163,6 +169,9 @@ class AdaptiveController:
         if not reqs or max(caps) == 0:
             self._zero_left = 0
             return [0] * len(reqs)
+        if self._probe_left > 0:  # the rest of a probe: plain steps, the policy not run
+            self._probe_left -= 1
+            return [0] * len(reqs)
         guard = self.guard
         if guard is not None and guard.blocks(len(reqs)):
             chosen = [0] * len(reqs)  # drafting delivered less at this batch size lately
@@ -176,8 +185,13 @@ class AdaptiveController:
             if self._probe_due() or (guard is not None and guard.needs_plain(len(reqs))):
                 # Measure what not drafting costs now: without it an over-estimated plain
                 # step is never corrected while the policy keeps drafting, and the guard has
-                # no plain rate to hold the drafting steps against.
+                # no plain rate to hold the drafting steps against. A probe is a run of
+                # cfg.probe_len plain steps: its first runs unpipelined after the drafting
+                # step and is no sample (observe); a single plain step between drafting steps
+                # costs about twice a pipelined one (H200, SmolLM2, bs 1: 2.2 against 0.8 ms),
+                # which made drafting look as good as not drafting while it delivered 0.6x.
                 self._drafting_run = 0
+                self._probe_left = self.cfg.probe_len - 1
                 self.num_probes += 1
                 return [0] * len(reqs)
         elif self.policy.name == "goodput":
@@ -246,23 +260,32 @@ class AdaptiveController:
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)
         interval = None  # wall time since the previous decode commit, when consecutive
-        if self._last_commit is not None and self._last_commit[0] == step_index - 1:
+        consecutive = self._last_commit is not None and self._last_commit[0] == step_index - 1
+        if consecutive:
             interval = now - self._last_commit[1]
             sample = max(0.0, interval - forward_time_s)
             self.overhead_s += OVERHEAD_EMA * (sample - self.overhead_s)
         self._last_commit = (step_index, now)
+        # A plain step right after a drafting step: its cost is the switch's (the drafting
+        # step drained the pipeline), not a steady plain step's, which the policy and the
+        # guard compare drafting against; it teaches neither.
+        transition = consecutive and self._last_drafted and not sum_d
+        self._last_drafted = sum_d > 0
+        self.num_transition_steps += transition
         measured = forward_time_s
         if self.cfg.count_overhead:
             # What the step cost the server, host work included: under overlap scheduling a
             # plain step's host work hides behind the previous step, a drafting step's does
             # not (it drains the pipeline), so forward times alone favour drafting.
             measured = interval if interval is not None else forward_time_s + self.overhead_s
-        self.time_model.update(x, measured)
+        if not transition:
+            self.time_model.update(x, measured)
         if self.guard is not None:
             # The guard judges steady drafting: a step with a long catch-up pays a one-time
             # cost that the policy spreads over the request's next steps (catchup_horizon),
-            # so it is left out of the guard's rates (the step still counts as a step).
-            sample = None if long_catch_up else interval
+            # so it is left out of the guard's rates (the step still counts as a step), as
+            # is a transition step.
+            sample = None if long_catch_up or transition else interval
             self.guard.observe(len(reqs), sum_d > 0, len(reqs) + int(sum(accepted)), sample)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
         self.tracker.observe(slots, draft_lens, accepted)
@@ -321,6 +344,7 @@ class AdaptiveController:
             "spec_forward_time_s": self.last["forward_s"],
             "spec_step_overhead_s": self.overhead_s,
             "spec_zero_probes": self.num_probes,
+            "spec_transition_steps": self.num_transition_steps,
             "spec_last_step_sum_draft_len": self.last["sum_d"],
             "spec_step_time_coef": self.time_model.coefficients(),
             "spec_server_accept_rate_per_position": self.tracker.server_alpha().tolist(),

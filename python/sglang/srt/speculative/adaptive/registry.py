@@ -18,8 +18,11 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "online_correction": true, "time_decay": 0.98, "time_prior_weight": 0.05,
      "profile": true,                            # warm-up sweep at startup (CUDA only)
      "profile_batch_sizes": [1, 4, 16, 64, 256],  # those that fit the pools
-     "probe_every": 32,                          # after this many drafting steps in a row, one
-                                                 # plain step measures what not drafting costs
+     "probe_every": 32,                          # after this many drafting steps in a row,
+     "probe_len": 4,                             # this many plain steps measure what not
+                                                 # drafting costs (the first, after a
+                                                 # drafting step, runs unpipelined and is no
+                                                 # sample)
      "count_overhead": true,                     # T is wall time between decode commits
      "defer_draft_extend": true,                 # goodput, while it keeps choosing all
                                                  # zeros: prefills skip the draft extend and
@@ -72,6 +75,7 @@ class AdaptiveConfig:
     profile: bool = True
     profile_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     probe_every: int = 32
+    probe_len: int = 4
     count_overhead: bool = True
     defer_draft_extend: bool = True
     guard: bool = True
@@ -171,6 +175,7 @@ _CHECKS = {
     "profile": lambda v: _bool("profile", v),
     "profile_batch_sizes": _batch_sizes,
     "probe_every": lambda v: _int("probe_every", v, 0),
+    "probe_len": lambda v: _int("probe_len", v, 2),
     "count_overhead": lambda v: _bool("count_overhead", v),
     "defer_draft_extend": lambda v: _bool("defer_draft_extend", v),
     "guard": lambda v: _bool("guard", v),
