@@ -54,6 +54,10 @@
 #                                    # adaptive at batch H_BS (default 1 64 256), each timed
 #                                    # call's ms per step with and without an H_SLEEP_MS GPU
 #                                    # sleep queued after each launch, and PyTorch's sync debug
+#   bash scripts/gpu_diagnose.sh TV  # plain steps of an adaptive FlashInfer engine (in-process
+#                                    # overlap vs adaptive, bs 1) with SGLANG_TRITON_VERIFY = 1,
+#                                    # 0, 1, 0, then SmolLM2 sweeps (no_spec, adaptive; c = 1,
+#                                    # 4, 16) with it off (twentieth session)
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -68,7 +72,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -298,6 +302,19 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     SGLANG_DRAFT_CHAIN_GRAPHS=0 profile "spec_step_smollm2_k3_bs1_nochain_$TAG" 45 \
       --modes static_sync --spec-k 3 --batch-size 1 --steps 128 --draft-path "$draft"
     ;;
+  TV)  # plain steps of an adaptive FlashInfer server with and without Triton verify graphs
+    timeout -k 5 "$(box 100)" python3 -m pytest test/srt/test_cuda_graph_runner.py \
+      -k triton_verify -q -p no:cacheprovider -rfs --tb=short > "$D/gpu_validate_tv_$TAG.log" 2>&1
+    echo "tests rc=$?"; grep -E "^E |Error|passed|failed" "$D/gpu_validate_tv_$TAG.log" | head -20
+    for tv in 1 0 1 0; do
+      SGLANG_TRITON_VERIFY=$tv profile "decode_step_smollm2_bs1_tv${tv}_$(left)_$TAG" 60 \
+        --batch-size 1 --steps 256
+    done
+    SGLANG_TRITON_VERIFY=0 TAG=${TAG}_tv0 PART_BUDGET_S=$(( $(left) - 10 )) OUT=$D \
+      SWEEP_EXTRA="--configs no_spec adaptive --concurrency 1 4 16 --output-len 128" \
+      bash scripts/gpu_bench.sh B > "$D/sweep_tv0.log" 2>&1
+    grep "ok output_tok_s" "$D/sweep_tv0.log"
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -306,7 +323,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
