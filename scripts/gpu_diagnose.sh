@@ -58,6 +58,9 @@
 #                                    # overlap vs adaptive, bs 1) with SGLANG_TRITON_VERIFY = 1,
 #                                    # 0, 1, 0, then SmolLM2 sweeps (no_spec, adaptive; c = 1,
 #                                    # 4, 16) with it off (twentieth session)
+#   bash scripts/gpu_diagnose.sh TD  # accepted drafts of static K = 3 (SmolLM2 bs 1): the
+#                                    # default, SGLANG_TRITON_VERIFY=1 with the RoPE + KV store
+#                                    # fusion off, and Triton attention throughout
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -72,7 +75,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -315,6 +318,19 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       bash scripts/gpu_bench.sh B > "$D/sweep_tv0.log" 2>&1
     grep "ok output_tok_s" "$D/sweep_tv0.log"
     ;;
+  TD)  # which part of SGLANG_TRITON_VERIFY=1 loses drafts: accepted drafts of static K = 3
+    draft=$PWD/python/sglang/data/smollm2_eagle3
+    acc() { grep -h -o '"spec_accepted_drafts": [0-9]*' "$D/$1.json" 2>/dev/null; }
+    profile "spec_step_smollm2_k3_bs1_default_$TAG" 50 --modes static_sync --spec-k 3 \
+      --batch-size 1 --steps 128 --draft-path "$draft"
+    acc "spec_step_smollm2_k3_bs1_default_$TAG"
+    SGLANG_TRITON_VERIFY=1 SGLANG_FUSED_ROPE_KV=0 profile "spec_step_smollm2_k3_bs1_tv1_norope_$TAG" \
+      50 --modes static_sync --spec-k 3 --batch-size 1 --steps 128 --draft-path "$draft"
+    acc "spec_step_smollm2_k3_bs1_tv1_norope_$TAG"
+    profile "spec_step_smollm2_k3_bs1_alltriton_$TAG" 50 --modes static_sync --spec-k 3 \
+      --batch-size 1 --steps 128 --draft-path "$draft" --attention-backend triton
+    acc "spec_step_smollm2_k3_bs1_alltriton_$TAG"
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -323,7 +339,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
