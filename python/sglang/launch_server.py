@@ -1,6 +1,7 @@
 """`python -m sglang.launch_server --model-path ...`: parse the flags and serve HTTP.
 
-See sglang/srt/entrypoints/http_server.py for the endpoints and the shutdown behaviour.
+See sglang/srt/entrypoints/http_server.py for the endpoints and the shutdown behaviour
+(the OpenAI ones: sglang/srt/entrypoints/openai/routes.py).
 """
 
 from __future__ import annotations

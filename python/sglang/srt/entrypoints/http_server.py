@@ -2,9 +2,10 @@
 
 Native endpoints (upstream SGLang): POST /generate, GET /health, GET /health_generate,
 GET /get_model_info, GET /get_server_info, GET|POST /flush_cache, POST /abort_request,
-GET /metrics (with --enable-metrics). OpenAI endpoints: POST /v1/completions,
-POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}. Every error is an OpenAI
-error body (errors.py).
+GET /metrics (with --enable-metrics), plus the API-key and JSON-body middleware. The OpenAI
+endpoints (POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /v1/models/{model}) are added by openai/routes.py. Every error is an OpenAI error body
+(openai/errors.py).
 
 `launch_server` starts the engine processes (engine.launch_subprocesses), serves until
 SIGINT/SIGTERM, and then stops every child process.
@@ -35,16 +36,13 @@ from sglang.srt.entrypoints.openai.errors import (
     error_response,
     install_error_handlers,
 )
-from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.openai.routes import add_openai_routes
 from sglang.srt.entrypoints.openai.serving_base import (
-    ClientGone,
-    check_model,
     generate_once,
+    guard_client_gone,
     open_stream,
     sse_frames,
 )
-from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
-from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.request_validation import (
     json_too_deep,
@@ -167,38 +165,8 @@ def create_app(tokenizer_manager: Any, server_args: ServerArgs) -> FastAPI:
     if server_args.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=server_args.api_key)
     collector = _init_metrics(tm, server_args)
-    completions = OpenAIServingCompletion(tm)
-    chat = OpenAIServingChat(tm, load_chat_template(server_args.chat_template))
     _add_native_routes(app, tm, server_args)
-
-    @app.post("/v1/completions")
-    async def v1_completions(req: CompletionRequest, raw: Request) -> Any:
-        return await _guard(completions.handle(req, raw))
-
-    @app.post("/v1/chat/completions")
-    async def v1_chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
-        return await _guard(chat.handle(req, raw))
-
-    def model_card() -> dict:
-        return {
-            "id": tm.served_model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "sglang",
-            "root": server_args.model_path,
-            "max_model_len": tm.model_config.context_len,
-        }
-
-    @app.get("/v1/models")
-    async def v1_models() -> dict:
-        return {"object": "list", "data": [model_card()]}
-
-    @app.get("/v1/models/{model:path}")
-    async def v1_model(model: str) -> dict:
-        """OpenAI's retrieve-model route (client.models.retrieve): the served model's card
-        for its name, its path or "default"; 404 model_not_found otherwise."""
-        check_model(tm, model)
-        return model_card()
+    add_openai_routes(app, tm, server_args)
 
     if collector is not None:
 
@@ -222,14 +190,6 @@ def _init_metrics(tm: Any, server_args: ServerArgs) -> TokenizerMetricsCollector
     return tm.metrics_collector
 
 
-async def _guard(coro: Any) -> Any:
-    """Await a handler; a client that left gets an empty 499 (nobody reads it)."""
-    try:
-        return await coro
-    except ClientGone:
-        return Response(status_code=499)
-
-
 def _add_native_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
     @app.post("/generate")
     async def generate(raw: Request) -> Any:
@@ -237,8 +197,8 @@ def _add_native_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
         if server_args.log_requests:
             logger.info("generate request: %s", obj)
         if obj.stream:  # guarded too: a client gone before the first output is no error
-            return await _guard(_generate_stream(tm, obj, raw))
-        return await _guard(_generate_json(tm, obj, raw))
+            return await guard_client_gone(_generate_stream(tm, obj, raw))
+        return await guard_client_gone(_generate_json(tm, obj, raw))
 
     @app.get("/health")
     async def health() -> Response:
@@ -297,7 +257,7 @@ async def _generate_json(tm: Any, obj: GenerateReqInput, raw: Request) -> Respon
 
 
 async def _generate_stream(tm: Any, obj: GenerateReqInput, raw: Request) -> Response:
-    stream = await open_stream(tm, obj, raw)  # ClientGone: aborted, and _guard answers 499
+    stream = await open_stream(tm, obj, raw)  # ClientGone: aborted; guard_client_gone: 499
     return StreamingResponse(sse_frames(stream), media_type="text/event-stream")
 
 

@@ -4,8 +4,10 @@ The driver (`generate_once`, `open_stream`) runs TokenizerManager.generate_reque
 request: it gives the request ids, maps engine exceptions to OpenAI errors (ValueError -> 400,
 QueueFullError -> 503), and aborts the request (freeing its KV) when the client disconnects.
 For streams it pulls the first output before the response starts, so invalid requests still
-get a proper 4xx status instead of an error inside a 200 stream. The helpers check the model
-name and max_tokens, build the engine request, and shape usage and finish reasons.
+get a proper 4xx status instead of an error inside a 200 stream; `guard_client_gone` answers a
+route whose client left with an empty 499 (native /generate uses the driver and guard too). The
+helpers check the model name and max_tokens, build the engine request, and shape usage and
+finish reasons.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import orjson
 from fastapi import Request
+from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.errors import (
     OpenAIError,
@@ -76,6 +79,14 @@ async def _await_or_disconnect(request: Request | None, aw: Any) -> Any:
 
 class ClientGone(Exception):
     """The HTTP client disconnected before its request finished."""
+
+
+async def guard_client_gone(coro: Any) -> Any:
+    """Await a route's handler; a client that left gets an empty 499 (nobody reads it)."""
+    try:
+        return await coro
+    except ClientGone:
+        return Response(status_code=499)
 
 
 async def generate_once(
