@@ -3,7 +3,8 @@ the linear layers and the lm_head (on by default on CUDA; SGLANG_TRITON_GEMV=0 t
 
 Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
 set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small;
-with CUDA the same tests run compiled on the GPU.
+with CUDA the same tests run compiled on the GPU. The interpreter computes a bfloat16 tl.dot
+wrongly, so the tl.dot kernel (M > 2) is checked in bfloat16 on CUDA only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang.test.triton_interpreter import DEVICE  # first: sets TRITON_INTERPRET
+from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITON_INTERPRET
 
 triton = pytest.importorskip("triton")
 
@@ -25,7 +26,13 @@ from sglang.srt.layers.linear import (  # noqa: E402
 )
 from sglang.srt.layers.logits_processor import LogitsProcessor  # noqa: E402
 from sglang.srt.layers.triton_kernels import gemv as gemv_module  # noqa: E402
-from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv, pick_tile  # noqa: E402
+from sglang.srt.layers.triton_kernels.gemv import (  # noqa: E402
+    MAX_ROWS,
+    GemvTile,
+    gemv,
+    gemv_dot,
+    pick_tile,
+)
 
 # Summation order differs from the reference; bf16/fp16 may round one step apart.
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
@@ -56,19 +63,45 @@ def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
     return F.linear(x.double(), w.double(), bd).to(x.dtype)
 
 
+def _skip_interpreted_bf16_dot(dtype: torch.dtype, dot: bool) -> None:
+    if dot and dtype == torch.bfloat16 and not HAS_CUDA:
+        pytest.skip("the interpreter's bfloat16 tl.dot is wrong; checked on CUDA")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("n,k", [(37, 300), (576, 1536), (8, 8200)])
 def test_gemv_matches_linear(dtype, m, with_bias, n, k) -> None:
-    """Non-multiples of the tiles (37 x 300), a SmolLM2 projection (576 x 1536), the K >= 8192
-    tile (8 x 8200)."""
+    """Non-multiples of the tiles (37 x 300: a partial last tile along N and along K), a
+    SmolLM2 projection (576 x 1536), the K >= 8192 tile (8 x 8200: N below one dot tile).
+    M = 1, 2 run the elementwise kernel, M = 3..8 the tl.dot kernel."""
+    _skip_interpreted_bf16_dot(dtype, m > 2)
     x, w, b = _operands(m, n, k, dtype)
     bias = b if with_bias else None
     out = gemv(x, w, bias)
     assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
     torch.testing.assert_close(out, _ref(x, w, bias), atol=ATOL[dtype], rtol=RTOL[dtype])
     torch.testing.assert_close(out, F.linear(x, w, bias), atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+def test_gemv_rows_1_2_keep_the_elementwise_kernel(monkeypatch) -> None:
+    """M <= 2 keep the elementwise kernel and its numerics (each row computed alone: row i of
+    M = 2 is M = 1 on x[i] bit for bit); gemv_dot, the M > 2 kernel, agrees with it to the
+    output's rounding at M = 1, 2 too."""
+    x, w, b = _operands(2, 100, 700, torch.float16, seed=4)
+    out = gemv(x, w, b)
+    dot_out = gemv_dot(x, w, b)
+    torch.testing.assert_close(dot_out, out, atol=2e-3, rtol=1e-3)
+
+    class _NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("the tl.dot kernel ran for M <= 2")
+
+    monkeypatch.setattr(gemv_module, "_gemv_dot_kernel", _NoLaunch())
+    assert torch.equal(gemv(x, w, b), out)
+    for i in range(2):
+        assert torch.equal(gemv(x[i : i + 1], w, b), out[i : i + 1])
 
 
 @pytest.mark.parametrize(
@@ -80,13 +113,46 @@ def test_gemv_every_tile(tile: GemvTile) -> None:
     torch.testing.assert_close(out, _ref(x, w, b), atol=1e-2, rtol=1.6e-2)
 
 
-def test_gemv_strided_rows() -> None:
+@pytest.mark.parametrize(
+    "tile",
+    [GemvTile(16, 256, 4), GemvTile(16, 16, 1), GemvTile(32, 128, 4), GemvTile(64, 512, 8)],
+)
+@pytest.mark.parametrize("m", [3, 8])
+def test_gemv_dot_every_tile(tile: GemvTile, m: int) -> None:
+    """The tl.dot kernel's tiles (powers of two >= 16) on 100 x 700: partial tiles both ways."""
+    x, w, b = _operands(m, 100, 700, torch.float16, seed=1)
+    out = gemv(x, w, b, tile=tile)
+    torch.testing.assert_close(out, _ref(x, w, b), atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
+def test_gemv_strided_rows(dtype, m) -> None:
     """x may have any row stride (a slice of a wider tensor) as long as K has stride 1."""
-    wide, w, _ = _operands(2, 40, 500, torch.float32, seed=2)
+    wide, w, b = _operands(m, 40, 500, dtype, seed=2)
     x = wide[:, 100:400]
     w = w[:, :300].contiguous()
     assert x.stride() == (500, 1)
-    torch.testing.assert_close(gemv(x, w), _ref(x, w, None), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gemv(x, w, b), _ref(x, w, b), atol=ATOL[dtype], rtol=RTOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
+@pytest.mark.parametrize(
+    "n,k",
+    [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
+    ids=["qkv", "o_proj", "gate_up", "down", "lm_head"],
+)
+def test_cuda_bf16_llama8b_shapes(m: int, n: int, k: int) -> None:
+    """Compiled bf16 on the Llama-3.1-8B projections: both kernels against float64 and against
+    F.linear (cuBLAS), one bf16 rounding step apart at most; the bias only on qkv (Qwen2-like)."""
+    x, w, b = _operands(m, n, k, torch.bfloat16, seed=5)
+    bias = b if n == 6144 else None
+    out = gemv(x, w, bias)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, _ref(x, w, bias), atol=1e-2, rtol=1.6e-2)
+    torch.testing.assert_close(out, F.linear(x, w, bias), atol=1e-2, rtol=1.6e-2)
 
 
 def test_pick_tile_uses_the_measured_winners() -> None:
@@ -96,12 +162,16 @@ def test_pick_tile_uses_the_measured_winners() -> None:
     assert pick_tile(28672, 4096) == GemvTile(16, 256, 4)  # gate_up_proj
     assert pick_tile(4096, 14336) == GemvTile(4, 512, 8)  # down_proj
     assert pick_tile(128256, 4096) == GemvTile(16, 256, 4)  # lm_head
+    for m in (1, 2):
+        assert pick_tile(4096, 14336, m) == GemvTile(4, 512, 8)
+    for m in range(3, MAX_ROWS + 1):  # the tl.dot kernel: not measured yet
+        assert pick_tile(4096, 14336, m) == GemvTile(16, 256, 4)
 
 
 def test_gemv_rejects_unsupported_inputs() -> None:
     x, w, b = _operands(2, 16, 32, torch.bfloat16)
     cases = {
-        "M = 3": (torch.randn(3, 32, dtype=torch.bfloat16), w, None),
+        "M = 9": (torch.randn(9, 32, dtype=torch.bfloat16), w, None),
         "M = 0": (x[:0], w, None),
         "1-D x": (x[0], w, None),
         "K mismatch": (x, w[:, :31].contiguous(), None),
@@ -116,6 +186,12 @@ def test_gemv_rejects_unsupported_inputs() -> None:
         with pytest.raises(ValueError, match="gemv"):
             gemv(xx, ww, bb)
             pytest.fail(what)
+    with pytest.raises(ValueError, match="1..8"):
+        gemv(torch.randn(9, 32, dtype=torch.float16), w.half())
+    x3 = torch.randn(3, 32, dtype=torch.float16)
+    for tile in (GemvTile(8, 512, 4), GemvTile(16, 8, 4), GemvTile(48, 256, 4)):
+        with pytest.raises(ValueError, match="power of two >= 16"):
+            gemv(x3, w.half(), tile=tile)  # M > 2: tl.dot tiles only
 
 
 # ------------------------------------------------------------------------------- dispatch

@@ -73,6 +73,9 @@ TRITON_GEMV_ENABLED: bool = _triton_gemv_enabled()
 
 _GEMV_DTYPES = (torch.float16, torch.bfloat16)
 
+# Rows of x one gemv.gemv call takes (its MAX_ROWS).
+GEMV_KERNEL_MAX_ROWS = 8
+
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The device-free part of use_triton_gemv: x [..., K] has one row once its leading dims
