@@ -207,12 +207,33 @@ def test_gate_needs_the_gemv_gate_and_the_kind(monkeypatch) -> None:
     assert not triton_kernels.use_fused_gemv_prologue(x.cpu(), w.cpu(), "norm")
 
 
+def test_prologue_stays_at_one_row(monkeypatch) -> None:
+    """The prologue kernels take one row: use_fused_gemv_prologue asks use_triton_gemv for at
+    most one row even where SGLANG_TRITON_GEMV_MAX_ROWS lets the plain GEMV take more."""
+    w = torch.randn(16, 32, dtype=torch.bfloat16)
+    seen = []
+
+    def gate(x, weight, max_rows=None):
+        seen.append(max_rows)
+        return triton_kernels.gemv_applies(x, weight, max_rows)
+
+    monkeypatch.setattr(triton_kernels, "use_triton_gemv", gate)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", 8)
+    monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", ALL)
+    for rows in (1, 2, 8):
+        x = torch.randn(rows, 32, dtype=torch.bfloat16)
+        assert triton_kernels.gemv_applies(x, w)  # the plain GEMV would take it
+        for kind in ("norm", "silu"):
+            assert triton_kernels.use_fused_gemv_prologue(x, w, kind) == (rows == 1)
+    assert seen == [1] * 6
+
+
 def _cpu_gate(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:
     """use_fused_gemv_prologue without its CUDA condition (the kernels run interpreted)."""
     return (
         kind in triton_kernels.FUSED_GEMV_PROLOGUES
         and triton_kernels.TRITON_GEMV_ENABLED
-        and triton_kernels.gemv_applies(x, weight)
+        and triton_kernels.gemv_applies(x, weight, 1)
     )
 
 
@@ -238,6 +259,9 @@ def triton_on_cpu(monkeypatch) -> dict[str, int]:
     )
     monkeypatch.setattr(fused_linear, "use_fused_gemv_prologue", _cpu_gate)
     monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    # One row, the default, whatever the environment says: more rows would run the interpreter's
+    # bf16 tl.dot, which is wrong.
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", 1)
     return calls
 
 

@@ -1,5 +1,6 @@
 """The Triton GEMV (layers/triton_kernels/gemv.py) against F.linear, and its dispatch in
-the linear layers and the lm_head (on by default on CUDA; SGLANG_TRITON_GEMV=0 turns it off).
+the linear layers and the lm_head (on by default on CUDA; SGLANG_TRITON_GEMV=0 turns it off;
+one row unless SGLANG_TRITON_GEMV_MAX_ROWS raises it to up to 8).
 
 Without CUDA the kernel runs on CPU tensors through Triton's interpreter (TRITON_INTERPRET=1,
 set by sglang.test.triton_interpreter before triton is imported), so the shapes stay small;
@@ -42,8 +43,10 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture(autouse=True)
 def _default_device(monkeypatch):
-    """Tensors on DEVICE; the GEMV dispatch off unless a test turns it on."""
+    """Tensors on DEVICE; the GEMV dispatch off unless a test turns it on, and at its default
+    row limit (1) whatever SGLANG_TRITON_GEMV_MAX_ROWS this process was started with."""
     monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", 1)
     with torch.device(DEVICE):
         yield
 
@@ -220,6 +223,36 @@ def test_gate_conditions() -> None:
     assert not triton_kernels.use_triton_gemv(x, w)  # flag off (the autouse fixture)
 
 
+def test_gate_row_limit() -> None:
+    """gemv_applies(x, w, max_rows): 1..max_rows rows after flattening, never above the
+    kernel's 8; max_rows None is TRITON_GEMV_MAX_ROWS (SGLANG_TRITON_GEMV_MAX_ROWS, 1 here)."""
+    assert triton_kernels.TRITON_GEMV_MAX_ROWS == 1  # the autouse fixture's (the default)
+    bf = torch.bfloat16
+    w = torch.randn(16, 32, dtype=bf)
+    for rows in range(1, 10):
+        x = torch.randn(rows, 32, dtype=bf)
+        assert triton_kernels.gemv_applies(x, w) == (rows == 1)
+        assert triton_kernels.gemv_applies(x, w, None) == (rows == 1)
+        for limit in (1, 2, 5, 8, 12):
+            assert triton_kernels.gemv_applies(x, w, limit) == (rows <= min(limit, 8))
+    assert triton_kernels.gemv_applies(torch.randn(2, 3, 32, dtype=bf), w, 6)  # 6 rows
+    assert not triton_kernels.gemv_applies(torch.randn(0, 32, dtype=bf), w, 8)
+    assert triton_kernels.GEMV_KERNEL_MAX_ROWS == MAX_ROWS
+
+
+def test_max_rows_is_read_from_the_environment(monkeypatch) -> None:
+    read = triton_kernels._triton_gemv_max_rows
+    monkeypatch.delenv("SGLANG_TRITON_GEMV_MAX_ROWS", raising=False)
+    assert read() == 1  # today's default: one row
+    for value, rows in (("", 1), ("1", 1), ("2", 2), (" 5 ", 5), ("8", 8)):
+        monkeypatch.setenv("SGLANG_TRITON_GEMV_MAX_ROWS", value)
+        assert read() == rows
+    for bad in ("0", "9", "-1", "2.5", "two", "off"):
+        monkeypatch.setenv("SGLANG_TRITON_GEMV_MAX_ROWS", bad)
+        with pytest.raises(ValueError, match="SGLANG_TRITON_GEMV_MAX_ROWS"):
+            read()
+
+
 def test_flag_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.delenv("SGLANG_TRITON_GEMV", raising=False)
     monkeypatch.delenv("SGLANG_DISABLE_TRITON_KERNELS", raising=False)
@@ -237,7 +270,8 @@ def test_flag_is_read_from_the_environment(monkeypatch) -> None:
 @pytest.fixture
 def gemv_calls(monkeypatch) -> list[tuple[int, int]]:
     """Counts calls to gemv.gemv (the real kernel still runs) as (M, N), and lets the gate pass
-    on CPU: use_triton_gemv in the layers becomes the flag and gemv_applies, without CUDA."""
+    on CPU: use_triton_gemv in the layers becomes the flag and gemv_applies (whose row limit is
+    TRITON_GEMV_MAX_ROWS, read when called), without CUDA."""
     calls: list[tuple[int, int]] = []
     real = gemv_module.gemv
 
@@ -313,3 +347,59 @@ def test_lm_head_calls_gemv_only_under_the_gate(monkeypatch, gemv_calls, enabled
         expect = torch.matmul(hidden, head.weight.t())[:, :67].float()
         torch.testing.assert_close(logits, expect, atol=1e-2, rtol=1.6e-2)
         assert gemv_calls == ([(rows, 70)] if enabled and rows == 1 else [])
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 8])
+def test_max_rows_routes_layers_and_lm_head(monkeypatch, gemv_calls, limit) -> None:
+    """With SGLANG_TRITON_GEMV_MAX_ROWS = limit, apply_linear (every linear layer) and the
+    lm_head send 1..limit rows to the GEMV and more rows to F.linear / torch.matmul; the
+    results match F.linear either way. float16: the interpreter's bf16 tl.dot is wrong."""
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", limit)
+    half = torch.float16
+    for layer in _layers(half):
+        n = layer.weight.shape[0]
+        for rows in range(1, MAX_ROWS + 2):
+            gemv_calls.clear()
+            x = torch.randn(rows, 64).to(DEVICE, half)
+            out, _ = layer(x)
+            expect = F.linear(x, layer.weight, layer.bias)
+            torch.testing.assert_close(out, expect, atol=2e-3, rtol=1e-3)
+            assert gemv_calls == ([(rows, n)] if rows <= limit else [])
+    weight = (torch.randn(70, 32) / 6).to(DEVICE, half)
+    for rows in range(1, MAX_ROWS + 2):
+        gemv_calls.clear()
+        out = linear.apply_linear(torch.randn(rows, 1, 32).to(DEVICE, half), weight)
+        assert out.shape == (rows, 1, 70)  # leading dims flattened, then restored
+        assert gemv_calls == ([(rows, 70)] if rows <= limit else [])
+        gemv_calls.clear()
+        head = torch.nn.Linear(32, 70, bias=False).to(DEVICE, half)
+        proc = LogitsProcessor(type("_Config", (), {"vocab_size": 67})())
+        hidden = torch.randn(rows, 32).to(DEVICE, half)
+        logits = proc._compute_logits(hidden, head)
+        expect = torch.matmul(hidden, head.weight.t())[:, :67].float()
+        torch.testing.assert_close(logits, expect, atol=2e-3, rtol=1e-3)
+        assert gemv_calls == ([(rows, 70)] if rows <= limit else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("limit", [1, 2, 8])
+def test_cuda_max_rows_routes_apply_linear(monkeypatch, limit) -> None:
+    """On CUDA, the real use_triton_gemv: bf16 apply_linear runs the GEMV for 1..limit rows and
+    F.linear beyond, matching F.linear within one bf16 rounding step."""
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
+    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", limit)
+    calls = []
+    real = gemv_module.gemv
+    monkeypatch.setattr(
+        gemv_module, "gemv", lambda x, w, b=None: calls.append(x.shape[0]) or real(x, w, b)
+    )
+    x_all, w, b = _operands(MAX_ROWS + 1, 4096, 4096, torch.bfloat16, seed=6)
+    for rows in range(1, MAX_ROWS + 2):
+        calls.clear()
+        x = x_all[:rows]
+        assert triton_kernels.use_triton_gemv(x, w) == (rows <= limit)
+        out = linear.apply_linear(x, w, b)
+        torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-2, rtol=1.6e-2)
+        assert calls == ([rows] if rows <= limit else [])

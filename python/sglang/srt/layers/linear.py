@@ -8,7 +8,8 @@ Every forward returns (output, bias_or_None) like upstream, the bias being retur
 added only when skip_bias_add=True.
 
 The matmul is `apply_linear`: F.linear, or for one row of bf16/fp16 input on CUDA a
-Triton GEMV (triton_kernels/gemv.py; SGLANG_TRITON_GEMV=0 turns it off, see use_triton_gemv).
+Triton GEMV (triton_kernels/gemv.py; SGLANG_TRITON_GEMV=0 turns it off,
+SGLANG_TRITON_GEMV_MAX_ROWS=2..8 sends it up to that many rows, see use_triton_gemv).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def apply_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear(x, weight, bias): x [..., K], weight [N, K], bias None or [N] -> [..., N] in
-    x's dtype. When use_triton_gemv(x, weight) (CUDA, one row,
-    bf16/fp16, contiguous weight) the Triton GEMV computes it instead, the bias added in fp32
-    before the one rounding; otherwise this is exactly F.linear."""
+    x's dtype. When use_triton_gemv(x, weight) (CUDA, bf16/fp16, contiguous weight, 1 to
+    SGLANG_TRITON_GEMV_MAX_ROWS rows: 1 by default) the Triton GEMV computes it instead, the
+    bias added in fp32 before the one rounding; otherwise this is exactly F.linear."""
     if use_triton_gemv(x, weight) and (bias is None or bias.dtype == x.dtype):
         from sglang.srt.layers.triton_kernels.gemv import gemv
 

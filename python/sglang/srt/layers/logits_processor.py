@@ -53,7 +53,7 @@ class LogitsProcessor(nn.Module):
 
     def _compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         weight = lm_head.weight  # [V / tp, H]
-        if use_triton_gemv(hidden, weight):  # CUDA, 1 or 2 rows (SGLANG_TRITON_GEMV=0: off)
+        if use_triton_gemv(hidden, weight):  # CUDA, up to SGLANG_TRITON_GEMV_MAX_ROWS rows
             from sglang.srt.layers.triton_kernels.gemv import gemv
 
             logits = gemv(hidden, weight)

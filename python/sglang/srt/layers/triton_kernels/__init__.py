@@ -9,7 +9,9 @@ PyTorch code runs (the CPU path, which is also the tests' reference).
 The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
 ``use_triton_gemv(x, weight)`` is true; SGLANG_TRITON_GEMV=0 turns it off (on by default since
 the H200 measured it: Llama-3.1-8B-shaped batch-1 decode 4.97 -> 4.54 ms per step, roofline
-fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results/*_r8).
+fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results/*_r8). It
+takes one row unless SGLANG_TRITON_GEMV_MAX_ROWS raises that to up to 8 (the kernel takes 8;
+the default stays 1 until the H200 measures M = 2..8 against cuBLAS).
 Where the GEMV applies, ``use_fused_gemv_prologue`` can also let it compute its own input
 (gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py):
 off unless SGLANG_FUSED_GEMV_PROLOGUE names them (1 / all, norm, silu), since both together
@@ -73,20 +75,47 @@ TRITON_GEMV_ENABLED: bool = _triton_gemv_enabled()
 
 _GEMV_DTYPES = (torch.float16, torch.bfloat16)
 
-# Rows of x one gemv.gemv call takes (its MAX_ROWS).
+# Rows of x one gemv.gemv call takes (its MAX_ROWS); the ceiling of SGLANG_TRITON_GEMV_MAX_ROWS.
 GEMV_KERNEL_MAX_ROWS = 8
 
 
-def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The device-free part of use_triton_gemv: x [..., K] has one row once its leading dims
-    are flattened and a unit stride along K, x and weight are both float16 or both bfloat16,
-    and weight is a contiguous [N, K]. Two rows (a batch-1 verify of one draft token) stay on
-    F.linear: at M = 2, cuBLAS read the Llama-3.1-8B weights faster than the GEMV on 4 of 5
-    shapes on the H200 (benchmark/results/gemv_rows2_h200_s9.json)."""
+def _triton_gemv_max_rows() -> int:
+    """SGLANG_TRITON_GEMV_MAX_ROWS: the most rows (after flattening) the layers and the lm_head
+    send to the Triton GEMV; unset or "" means 1. Raises ValueError naming the variable for
+    anything but an integer in 1..GEMV_KERNEL_MAX_ROWS (SGLANG_TRITON_GEMV=0 turns it off)."""
+    flag = env_flag("TRITON_GEMV_MAX_ROWS").strip()
+    if flag == "":
+        return 1
+    try:
+        rows = int(flag)
+    except ValueError:
+        rows = 0
+    if not 1 <= rows <= GEMV_KERNEL_MAX_ROWS:
+        raise ValueError(
+            f"SGLANG_TRITON_GEMV_MAX_ROWS={flag!r}: expected an integer in "
+            f"1..{GEMV_KERNEL_MAX_ROWS} (SGLANG_TRITON_GEMV=0 turns the GEMV off)"
+        )
+    return rows
+
+
+# Decided once at import; 1 by default: at M = 2 cuBLAS read the Llama-3.1-8B weights faster
+# than the GEMV's elementwise kernel on 4 of 5 shapes on the H200
+# (benchmark/results/gemv_rows2_h200_s9.json), and the tl.dot kernel for M = 3..8 has not been
+# measured (benchmark/bench_gemv.py --rows 1 2 3 4 5 6 7 8 decides).
+TRITON_GEMV_MAX_ROWS: int = _triton_gemv_max_rows()
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor, max_rows: int | None = None) -> bool:
+    """The device-free part of use_triton_gemv: x [..., K] has 1..max_rows rows once its leading
+    dims are flattened and a unit stride along K, x and weight are both float16 or both bfloat16,
+    and weight is a contiguous [N, K]. max_rows None means TRITON_GEMV_MAX_ROWS
+    (SGLANG_TRITON_GEMV_MAX_ROWS, 1 by default: two rows, a batch-1 verify of one draft token,
+    stay on F.linear, which cuBLAS ran faster at M = 2; see TRITON_GEMV_MAX_ROWS)."""
     if x.dim() == 0 or x.shape[-1] == 0:
         return False
+    limit = TRITON_GEMV_MAX_ROWS if max_rows is None else max_rows
     return (
-        x.numel() // x.shape[-1] == 1
+        1 <= x.numel() // x.shape[-1] <= min(limit, GEMV_KERNEL_MAX_ROWS)
         and x.stride(-1) == 1
         and weight.dim() == 2
         and weight.shape[1] == x.shape[-1]
@@ -96,15 +125,16 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor, max_rows: int | None = None) -> bool:
     """True when ``x @ weight.T`` should go to the Triton GEMV (``gemv.gemv``): the GEMV is
-    enabled (SGLANG_TRITON_GEMV not "0"), x is on CUDA and gemv_applies(x, weight). Anything else
+    enabled (SGLANG_TRITON_GEMV not "0"), x is on CUDA and gemv_applies(x, weight, max_rows)
+    (at most SGLANG_TRITON_GEMV_MAX_ROWS rows unless max_rows says otherwise). Anything else
     stays on F.linear / torch.matmul (which raise their own errors on bad shapes), and so does
     an op autograd records (needs_autograd)."""
     return (
         TRITON_GEMV_ENABLED
         and x.is_cuda
-        and gemv_applies(x, weight)
+        and gemv_applies(x, weight, max_rows)
         and not needs_autograd(x, weight)
     )
 
@@ -146,9 +176,11 @@ def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor, kind: str) ->
     """True when the GEMV of ``x @ weight.T`` should compute x itself in its K loop
     (gemv_prologue.py; kind "norm": RMSNorm before qkv/gate_up, "silu": SiLU-and-mul before
     down): kind is in SGLANG_FUSED_GEMV_PROLOGUE, x is the GEMV input the unfused path would
-    make (or a view of that shape, dtype and device), and the Triton GEMV would take it
-    (use_triton_gemv: SGLANG_TRITON_GEMV and SGLANG_DISABLE_TRITON_KERNELS apply)."""
-    return kind in FUSED_GEMV_PROLOGUES and use_triton_gemv(x, weight)
+    make (or a view of that shape, dtype and device), and the Triton GEMV would take it at one
+    row (use_triton_gemv with max_rows 1: the prologue kernels take one row whatever
+    SGLANG_TRITON_GEMV_MAX_ROWS says; SGLANG_TRITON_GEMV and SGLANG_DISABLE_TRITON_KERNELS
+    apply)."""
+    return kind in FUSED_GEMV_PROLOGUES and use_triton_gemv(x, weight, 1)
 
 
 def _fused_rope_kv_enabled() -> bool:
