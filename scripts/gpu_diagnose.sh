@@ -61,6 +61,9 @@
 #   bash scripts/gpu_diagnose.sh TD  # accepted drafts of static K = 3 (SmolLM2 bs 1): the
 #                                    # default, SGLANG_TRITON_VERIFY=1 with the RoPE + KV store
 #                                    # fusion off, and Triton attention throughout
+#   bash scripts/gpu_diagnose.sh GM  # the 1..8-row GEMV (twentieth session): its GPU tests,
+#                                    # bench_gemv.py at 1-8 rows against cuBLAS, then SmolLM2
+#                                    # static K = 3 at bs 1 with SGLANG_TRITON_GEMV_MAX_ROWS 1, 8
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -75,7 +78,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -331,6 +334,21 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       --batch-size 1 --steps 128 --draft-path "$draft" --attention-backend triton
     acc "spec_step_smollm2_k3_bs1_alltriton_$TAG"
     ;;
+  GM)  # the 1..8-row GEMV: GPU tests, kernel times against cuBLAS, then verify / bs-8 steps
+    timeout -k 5 "$(box 150)" python3 -m pytest test/srt/test_triton_gemv.py \
+      test/srt/test_fused_gemv_prologue.py -q -p no:cacheprovider -rf --tb=short \
+      > "$D/gpu_validate_gemv_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_gemv_$TAG.log"; cp "$D/gpu_validate_gemv_$TAG.log" "$OUT"/
+    timeout -k 5 "$(box 200)" python3 benchmark/bench_gemv.py --rows 1 2 3 4 6 8 \
+      --result-file "$D/gemv_rows1-8_$TAG.json" > "$D/gemv_rows_$TAG.log" 2>&1
+    echo "bench_gemv rc=$?"; grep -A40 "^rows shape" "$D/gemv_rows_$TAG.log" | head -40
+    draft=$PWD/python/sglang/data/smollm2_eagle3
+    for r in 1 8; do
+      SGLANG_TRITON_GEMV_MAX_ROWS=$r profile "spec_step_smollm2_k3_bs1_gemvrows${r}_$TAG" 50 \
+        --modes static_sync --spec-k 3 --batch-size 1 --steps 64 --step-profile 8 \
+        --kernel-table --draft-path "$draft"
+    done
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -339,7 +357,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
