@@ -780,6 +780,23 @@ def test_guard_buckets_batch_sizes_and_config():
         parse_adaptive_config('{"guard_min_steps": 0}')
 
 
+def test_guard_plain_rate_is_tokens_over_seconds():
+    """Plain steps that all cost 0.8 ms but commit 0.3 ms late and early in turn (a commit
+    waits on the next launch's host work: a policy recheck, an output flush), intervals of 0.5
+    and 1.1 ms: 1250 tokens/s. Drafting steps of 4 tokens per 3 ms (1333 tokens/s, 7% more)
+    are kept. An average of each plain step's rate says 1455 tokens/s (1 / s is convex) and
+    blocked them."""
+    from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
+
+    g = GoodputGuard(margin=0.03, min_steps=16, backoff=256, backoff_max=8192)
+    for i in range(40):
+        g.observe(1, False, 1, 1.1e-3 if i % 2 else 0.5e-3)
+    for _ in range(16):
+        g.observe(1, True, 4, 3e-3)
+    assert g.buckets[1].draft_n == 0 and g.num_trips == 0  # judged, and kept
+    assert g.buckets[1].plain_rate() == pytest.approx(1250, rel=0.03)
+
+
 def test_controller_learns_wall_intervals(monkeypatch):
     """count_overhead (default): a consecutive step's measured time is the wall interval since
     the previous decode commit, not its forward time; off: the forward time."""
