@@ -618,18 +618,22 @@ def simulate_controller(
     alpha: float,
     costs: tuple[float, float, float] = (2e-3, 9e-3, 2e-3),
     stats: dict | None = None,
+    policy=None,
 ) -> list[int]:
     """One request decoding `steps` steps under the goodput controller; the true cost of a
     step is costs = (plain, drafting, plain right after a drafting step) seconds (default:
     2 ms plain and 9 ms drafting, SmolLM2 at batch 1 on the H200 in the seventh session), a
     fake clock advances by it, and each draft position is accepted with probability alpha.
     Returns the sum of draft lengths of every step; stats (if given) gets the tokens
-    committed and the seconds taken."""
+    committed and the seconds taken; policy (if given) replaces the goodput policy's choose
+    (view -> [n] draft lengths)."""
     from sglang.srt.speculative.adaptive import controller as ctl
 
     clock = [0.0]
     monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
     c = ctl.AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=1)
+    if policy is not None:
+        c.policy.choose = lambda view, *fns: policy(view)
     rng = random.Random(5)
     req, out, tokens = _Req(0), [], 0
     plain_s, draft_s, transition_s = costs
@@ -705,6 +709,40 @@ def test_probe_runs_past_the_transition_step(monkeypatch):
     assert sum(d > 0 for d in out[-600:]) >= 600 * 32 / 36 - 8
     assert stats["tokens"] / stats["seconds"] >= 1.05 * (1 / 0.8e-3)
     assert stats["controller"].guard.num_trips == 0
+
+
+def test_guard_charges_the_switch_back_to_the_drafting_run(monkeypatch):
+    """A policy that drafts every other step, e.g. one whose model, like the step-time model,
+    has no feature for what leaving a drafting step costs. On the H200 costs of
+    test_probe_runs_past_the_transition_step at acceptance 0.95 a drafting step delivers 4.5
+    tokens per 3.2 ms (1.41 per ms) against 1.25 for pipelined plain steps, but each plain
+    step after one runs unpipelined (2.2 ms), so the alternation delivers 5.5 tokens per 5.4
+    ms: 0.81x. Leaving that step out of every rate hid the loss for good (no trip, 0.82x over
+    the run); the guard charges it to the drafting run it ends, blocks, and the run delivers
+    at least 0.9x."""
+    costs = (0.8e-3, 3.2e-3, 2.2e-3)
+    stats: dict = {}
+    flapping = lambda view: np.where(view.prev > 0, 0, view.caps)  # noqa: E731
+    cfg = {**H200_PRIOR, "recheck_every": 1}
+    out = simulate_controller(monkeypatch, cfg, 1200, 0.95, costs, stats, flapping)
+    assert out[:4] == [K, 0, K, 0]
+    c = stats["controller"]
+    assert c.guard.num_trips >= 1
+    assert stats["tokens"] / stats["seconds"] >= 0.9 * (1 / 0.8e-3)
+    # the transition joins the last drafting sample: the trial's rate and standard error are
+    # those of the merged sample (its sums of squares updated), and a trial with no sample
+    # (a verdict was just taken) gets nothing
+    from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard, _Bucket
+
+    g = GoodputGuard(margin=0.03, min_steps=16, backoff=256, backoff_max=8192)
+    g.end_run(1, 1, 2.2e-3)
+    g.observe(1, True, 5, 3e-3)
+    g.observe(1, True, 3, 3.4e-3)
+    g.end_run(1, 1, 2.2e-3)
+    ref = _Bucket()
+    ref.add_draft(5, 3e-3)
+    ref.add_draft(4, 5.6e-3)
+    assert g.buckets[1].draft_rate() == pytest.approx(ref.draft_rate(), rel=1e-9)
 
 
 def test_guard_blocks_drafting_a_model_cannot_unlearn(monkeypatch):

@@ -71,10 +71,11 @@ class AdaptiveController:
         self._drafting_run = 0  # consecutive committed steps that drafted (cfg.probe_every)
         self.num_probes = 0
         self._probe_left = 0  # plain steps still to run in the current probe (cfg.probe_len)
-        # whether the last observed decode step drafted: a plain step right after one runs
-        # unpipelined (the drafting step drained the overlap pipeline) and costs what steady
-        # plain steps do not, so it is no sample of them (observe)
-        self._last_drafted = False
+        # batch size of the last observed decode step if it drafted, else 0: a plain step
+        # right after one runs unpipelined (the drafting step drained the overlap pipeline)
+        # and costs what steady plain steps do not, so it is no sample of them but part of
+        # what the drafting run cost (observe)
+        self._run_bs = 0
         self.num_transition_steps = 0  # plain steps after a drafting step (no samples)
         self.last = {
             "bs": 0,
@@ -268,9 +269,11 @@ class AdaptiveController:
         self._last_commit = (step_index, now)
         # A plain step right after a drafting step: its cost is the switch's (the drafting
         # step drained the pipeline), not a steady plain step's, which the policy and the
-        # guard compare drafting against; it teaches neither.
-        transition = consecutive and self._last_drafted and not sum_d
-        self._last_drafted = sum_d > 0
+        # guard compare drafting against; it is no plain sample of either. The model has no
+        # feature for the switch; the guard charges it to the drafting run it ends (below),
+        # so a policy that keeps switching is still judged by what it delivered.
+        transition = consecutive and self._run_bs > 0 and not sum_d
+        run_bs, self._run_bs = self._run_bs, len(reqs) if sum_d else 0
         self.num_transition_steps += transition
         measured = forward_time_s
         if self.cfg.count_overhead:
@@ -283,10 +286,14 @@ class AdaptiveController:
         if self.guard is not None:
             # The guard judges steady drafting: a step with a long catch-up pays a one-time
             # cost that the policy spreads over the request's next steps (catchup_horizon),
-            # so it is left out of the guard's rates (the step still counts as a step), as
-            # is a transition step.
+            # so it is left out of the guard's rates (the step still counts as a step). A
+            # transition step is no plain sample either: the guard charges it to the drafting
+            # run it ends (end_run), whose cost it is.
+            tokens = len(reqs) + int(sum(accepted))
             sample = None if long_catch_up or transition else interval
-            self.guard.observe(len(reqs), sum_d > 0, len(reqs) + int(sum(accepted)), sample)
+            self.guard.observe(len(reqs), sum_d > 0, tokens, sample)
+            if transition:
+                self.guard.end_run(run_bs, tokens, interval)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
         self.tracker.observe(slots, draft_lens, accepted)
         self._set_prev(slots, draft_lens, sum_d)
