@@ -660,8 +660,8 @@ WRONG_PRIOR = {
 def test_zero_probe_corrects_an_over_estimated_plain_step(monkeypatch):
     """Drafting (1.4 tokens per 9 ms) loses to a 2 ms plain step, but a prior that puts
     12 ms into every step says otherwise. The controller learns from wall intervals; after
-    probe_every drafting steps in a row it runs one plain step, learns its real cost and stops
-    drafting. Without probes it drafts for ever (the test can fail)."""
+    probe_every drafting steps in a row it runs probe_len plain steps, learns their real cost
+    and stops drafting. Without probes it drafts for ever (the test can fail)."""
     cfg = {**WRONG_PRIOR, "guard": False}  # the probes alone (the guard: below)
     probed = simulate_controller(monkeypatch, {**cfg, "probe_every": 16}, 300, 0.4)
     assert probed[0] > 0  # the prior makes it draft first
@@ -1131,10 +1131,12 @@ def test_long_catch_up_is_spread_over_the_remaining_steps():
 def test_guard_leaves_a_long_catch_up_step_out(monkeypatch):
     """Drafting that beats plain steps by 4% (2 tokens per 9.6 ms against 1 per 5 ms) after a
     first drafting step that also catches up over 500 positions (2 tokens in 18.2 ms): the
-    guard judges the steady steps and keeps drafting. Counted in its average, that one step
-    (weight 0.9^15 after 16 samples) would pull the drafting rate below (1 - margin) x plain
-    and block drafting (a review helper's case), although the policy spread that one-time
-    cost over the request's next steps."""
+    guard judges the steady steps only (its verdict comes after 16 of them) and keeps
+    drafting; the policy spreads that one-time cost over the request's next steps. (In the
+    guard's former EMA of drafting rates that step weighed 0.9^15 = 0.21 of the verdict and
+    blocked drafting, a review helper's case. A trial's tokens over seconds would spread it
+    over the trial: 197 tokens/s against a bar of 194, kept either way, so here only the
+    sample count shows that it is left out.)"""
     from sglang.srt.speculative.adaptive import controller as ctl
 
     clock = [0.0]
@@ -1152,5 +1154,7 @@ def test_guard_leaves_a_long_catch_up_step_out(monkeypatch):
         clock[0] += 18.2e-3 if i == 0 else 9.6e-3
         c.observe([req], [2], [1], 1e-3, step)
         step += 1
+        if i == 15:
+            assert c.guard.buckets[1].draft_n == 15  # the catch-up step is no sample
     assert c.guard.buckets[1].draft_n == 0  # a verdict was taken (its samples start over)
     assert c.guard.num_trips == 0 and not c.guard.blocks(1)
