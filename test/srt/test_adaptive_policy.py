@@ -823,7 +823,7 @@ def test_guard_plain_rate_is_tokens_over_seconds():
     waits on the next launch's host work: a policy recheck, an output flush), intervals of 0.5
     and 1.1 ms: 1250 tokens/s. Drafting steps of 4 tokens per 3 ms (1333 tokens/s, 7% more)
     are kept. An average of each plain step's rate says 1455 tokens/s (1 / s is convex) and
-    blocked them."""
+    blocked them. A stall counts as at most 3 plain steps' time."""
     from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
 
     g = GoodputGuard(margin=0.03, min_steps=16, backoff=256, backoff_max=8192)
@@ -833,6 +833,15 @@ def test_guard_plain_rate_is_tokens_over_seconds():
         g.observe(1, True, 4, 3e-3)
     assert g.buckets[1].draft_n == 0 and g.num_trips == 0  # judged, and kept
     assert g.buckets[1].plain_rate() == pytest.approx(1250, rel=0.03)
+    # a 100 ms stall among 0.8 ms plain steps is clipped (3x), so drafting at 0.8x the plain
+    # rate is still blocked 15 plain steps later (unclipped, the rate read 352 tokens/s)
+    g = GoodputGuard(margin=0.03, min_steps=16, backoff=256, backoff_max=8192)
+    for i in range(36):
+        g.observe(1, False, 1, 100e-3 if i == 20 else 0.8e-3)
+    assert g.buckets[1].plain_rate() > 1200
+    for _ in range(16):
+        g.observe(1, True, 4, 4e-3)
+    assert g.num_trips == 1
 
 
 def test_controller_learns_wall_intervals(monkeypatch):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 EMA = 0.1  # weight of a new plain step in the plain tokens and seconds
+STALL = 3.0  # a plain step counts as at most this many times its tokens' seconds at the plain rate
 # A trial blocks drafting only when its rate is below the plain bar by more than Z standard
 # errors: one-sided, a drafting trial that truly delivers the bar trips ~2% of the time (a
 # 16-step trial at acceptance 0.95, K = 4, spreads 1.21-1.56 tokens/ms around 1.41).
@@ -153,6 +154,12 @@ class GoodputGuard:
         b = self._bucket(bs)
         if not drafted:
             w = 1.0 if b.plain_n == 0 else EMA
+            if b.plain_n:
+                # A stall (a GC pause, a slow poll) counts as at most STALL x what the step's
+                # tokens take at the current plain rate: in the EMA of seconds a 100 ms stall
+                # among 0.8 ms steps cut the rate to 0.28x for 15 samples and passed drafting
+                # at 0.8x. Plain steps of one bucket differ far less than that.
+                seconds = min(seconds, STALL * tokens * b.plain_s / b.plain_t)
             b.plain_t += w * (tokens - b.plain_t)
             b.plain_s += w * (seconds - b.plain_s)
             b.plain_n += 1
