@@ -979,6 +979,42 @@ def test_overlap_commits_see_launch_step_indices(tiny_model_dir, spec_args, monk
     assert any(kinds) and not all(kinds)  # both pipelined (plain) and drained (drafting) steps
 
 
+def test_probe_runs_probe_len_plain_steps_when_every_step_drains(
+    tiny_model_dir, spec_args, monkeypatch
+):
+    """A policy that always drafts, probes after every 2 drafting steps: each probe runs
+    probe_len (4) plain steps, also with a repetition penalty, under which every decode step
+    drains the in-flight one (its token is read on the CPU) and the builder plans it again. A
+    choice made before that drain and thrown away counted as one of the probe's steps, and
+    probes ran 2 plain steps (DDPPDDPP...): the first a transition, one sample left."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    seen: list[int] = []
+    observe = AdaptiveController.observe
+
+    def spy(self, reqs, lens, acc, fwd, step_index):
+        seen.append(int(sum(lens)))
+        return observe(self, reqs, lens, acc, fwd, step_index)
+
+    monkeypatch.setattr(AdaptiveController, "observe", spy)
+    monkeypatch.setattr(GoodputPolicy, "choose", lambda self, view, *fns: view.caps.copy())
+    cfg = {"probe_every": 2, "guard": False}
+    for penalty in (1.0, 1.1):
+        seen.clear()
+        sched = make_scheduler(
+            tiny_model_dir,
+            speculative_adaptive=True,
+            speculative_adaptive_config=json.dumps(cfg),
+            disable_overlap_schedule=False,
+            **spec_args,
+        )
+        params = {**GREEDY, "max_new_tokens": 40, "repetition_penalty": penalty}
+        submit(sched, "r0", prompts(1)[0], params)
+        run_until_idle(sched, {})
+        kinds = "".join("D" if d else "P" for d in seen)
+        assert kinds.startswith("DDPPPPDDPPPPDD"), (penalty, kinds)
+
+
 def test_nothing_can_pay_bound_is_safe_and_used_under_load():
     """The early exit (no allocation can beat all zeros) never fires where brute force finds a
     drafting allocation that beats zeros, and it does fire under heavy load (batch 256), where

@@ -206,12 +206,17 @@ class BatchBuilder:
         reqs = [r for r in s.running if not done_after_inflight(r, s.model_config.context_len)]
         if not reqs:
             return None
-        lens = s.spec.choose_draft_lens(reqs) if s.spec else [0] * len(reqs)
+        # Drains that do not depend on the drafts come before the choice: a choice thrown
+        # away by the plan that starts over would still have counted (one of a zero probe's
+        # plain steps, AdaptiveController.choose: under penalties every step drains and a
+        # probe of 4 ran 2; a reused all-zero choice, reuse_zero), and cost a policy run.
         if s.inflight is not None and (
-            any(lens)
-            or any(needs_inflight_token(r) for r in reqs)
-            or s.kv.available_with_eviction() < len(reqs)
+            any(needs_inflight_token(r) for r in reqs) or s.kv.available_with_eviction() < len(reqs)
         ):
+            s.drain()
+            return self.get_next_batch_to_run()
+        lens = s.spec.choose_draft_lens(reqs) if s.spec else [0] * len(reqs)
+        if s.inflight is not None and any(lens):
             s.drain()
             return self.get_next_batch_to_run()
         if s.kv.available_with_eviction() < len(reqs) + sum(lens):
