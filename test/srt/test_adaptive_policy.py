@@ -690,7 +690,8 @@ def test_probe_runs_past_the_transition_step(monkeypatch):
     step 2.2 ms (it runs unpipelined). Judged by that transition step, drafting (0.72 tokens
     per ms) beats plain steps (0.45) and the server drafted on at 0.6x; the controller must
     learn plain steps from the probe's later steps and deliver at least 0.9x the plain rate
-    (1.25 tokens per ms) over the run, drafting in few of its last 600 steps."""
+    (1.25 tokens per ms) over the run, drafting in few of its last 600 steps. The guard alone
+    gets there at alpha 0.6, so the step-time model's part is checked with the guard off."""
     costs = (0.8e-3, 3.2e-3, 2.2e-3)
     stats: dict = {}
     out = simulate_controller(monkeypatch, H200_PRIOR, 1200, 0.6, costs, stats)
@@ -701,6 +702,14 @@ def test_probe_runs_past_the_transition_step(monkeypatch):
     assert c.num_transition_steps >= 1 and c.info()["spec_transition_steps"] == (
         c.num_transition_steps
     )
+    # the step-time model alone (guard off) at alpha 0.8 (~3.4 tokens per 3.2 ms, 1.05 per
+    # ms): with the transition steps among its plain samples it drafted in 532 of the last
+    # 600 steps at 0.85x (the guard above hides that: it blocks either way)
+    stats = {}
+    cfg = {**H200_PRIOR, "guard": False}
+    out = simulate_controller(monkeypatch, cfg, 1200, 0.8, costs, stats)
+    assert sum(d > 0 for d in out[-600:]) <= 30
+    assert stats["tokens"] / stats["seconds"] >= 0.95 * (1 / 0.8e-3)
     # where drafting does pay (alpha 0.95: ~4.5 tokens per 3.2 ms, 1.41 per ms against 1.25)
     # it keeps drafting, the probes' plain steps aside, and the guard does not trip on a
     # trial's noise
