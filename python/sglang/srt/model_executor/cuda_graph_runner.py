@@ -260,32 +260,18 @@ class CudaGraphRunner:
         out_cache_loc: torch.Tensor,
     ) -> ForwardBatch:
         """_fill for any key (requests computing extend_lens[i] >= 1 tokens each)."""
-        inp, h = self.inputs, self.inputs.stage()
-        b, n, bs, t = key.bs, key.num_tokens, len(seq_lens), int(input_ids.numel())
-        pad = b - bs
-        seq = np.array(list(seq_lens) + [1] * pad, dtype=np.int64)
-        ext = np.array(list(extend_lens) + [1] * pad, dtype=np.int64)
-        pre = seq - ext
-        starts = np.cumsum(ext) - ext
-        used = t + pad
-        positions = np.arange(used, dtype=np.int64) - np.repeat(starts - pre, ext)
-
-        def put(k: int, values, count: int, fill: int = 0) -> None:
-            region = inp.region(h, k, count)
-            region[: len(values)] = values
-            region[len(values) :] = fill
-
-        put(0, list(req_pool_indices) + [0] * pad, b)
-        put(1, seq, b)
-        put(2, ext, b)
-        put(3, pre, b)
-        put(4, starts, b)
+        t = int(input_ids.numel())
         on_host = input_ids.device.type == "cpu"
-        put(5, input_ids.numpy() if on_host else [], n)
-        put(6, positions, n)
-        put(7, out_cache_loc.numpy(), n)
-        # One transfer of the whole packed buffer (max_bs * 5 + max_tokens * 3 int64: small).
-        inp.upload()
+        seq, ext, pre = self.inputs.write_ragged(
+            key.bs,
+            key.num_tokens,
+            req_pool_indices,
+            seq_lens,
+            extend_lens,
+            input_ids.numpy() if on_host else None,
+            t,
+            out_cache_loc.numpy(),
+        )
         fb = self.batches[key]
         if not on_host:  # ids already on the device (resolved there): queued after the upload
             fb.input_ids[:t].copy_(input_ids, non_blocking=True)
@@ -305,35 +291,24 @@ class CudaGraphRunner:
         out_cache_loc: torch.Tensor,
     ) -> ForwardBatch:
         """_fill for a decode key (one token per request): the same buffer contents, written
-        with a few slice assignments (every decode step of a CUDA server runs this, and its
-        host time is what a small model's step waits on)."""
-        inp, h = self.inputs, self.inputs.stage()
-        b, bs, B, N = key.bs, len(seq_lens), inp.B, inp.N
-        seq = np.ones(b, dtype=np.int64)
-        seq[:bs] = seq_lens
-        pre = seq - 1
-        h[0:bs] = req_pool_indices
-        h[bs:b] = 0
-        h[B : B + b] = seq
-        h[2 * B : 2 * B + b] = 1
-        h[3 * B : 3 * B + b] = pre
-        h[4 * B : 4 * B + b] = self._arange[:b]
-        ids = 5 * B
+        by StaticInputs.write_decode's slice assignments (every decode step of a CUDA server
+        runs this, and its host time is what a small model's step waits on)."""
+        b, bs = key.bs, len(seq_lens)
         on_host = input_ids.device.type == "cpu"
-        if on_host:
-            h[ids : ids + bs] = input_ids.numpy()
-        h[ids + bs : ids + b] = 0
-        h[ids + N : ids + N + b] = pre  # positions
-        loc = ids + 2 * N
-        h[loc : loc + bs] = out_cache_loc.numpy()
-        h[loc + bs : loc + b] = 0
-        inp.upload()
+        seq = self.inputs.write_decode(
+            b,
+            req_pool_indices,
+            seq_lens,
+            input_ids.numpy() if on_host else None,
+            out_cache_loc.numpy(),
+            self._arange,
+        )
         fb = self.batches[key]
         if not on_host:  # ids already on the device (resolved there): queued after the upload
             fb.input_ids[:bs].copy_(input_ids, non_blocking=True)
         fb.seq_lens_cpu = seq.tolist()
         fb.extend_seq_lens_cpu = [1] * b
-        fb.extend_prefix_lens_cpu = pre.tolist()
+        fb.extend_prefix_lens_cpu = (seq - 1).tolist()
         return fb
 
     # ------------------------------------------------------------------ capture
