@@ -1212,3 +1212,61 @@ def test_guard_leaves_a_long_catch_up_step_out(monkeypatch):
             assert c.guard.buckets[1].draft_n == 15  # the catch-up step is no sample
     assert c.guard.buckets[1].draft_n == 0  # a verdict was taken (its samples start over)
     assert c.guard.num_trips == 0 and not c.guard.blocks(1)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"probe_every": 1, "probe_len": 2, "guard": False},
+        {"probe_every": 2, "guard_min_steps": 1},
+        {"probe_every": 1, "probe_len": 3, "guard_min_steps": 2, "guard_backoff": 3},
+    ],
+)
+def test_forced_switching_mixed_penalties_matches_plain(
+    tiny_model_dir, spec_args, monkeypatch, overlap, cfg
+):
+    """A policy that always drafts, under configs that probe and block as often as they can,
+    with requests with and without penalties in one batch (the penalised ones drain every
+    step): greedy outputs equal a server without speculation token for token, every plain
+    step right after a drafting step (consecutive launch indices) and no other is counted in
+    spec_transition_steps, and every KV slot is freed at the end."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    seen: list[tuple[int, int]] = []  # (sum of draft lengths, step index) per decode step
+    observe = AdaptiveController.observe
+
+    def spy(self, reqs, lens, acc, fwd, step_index):
+        seen.append((int(sum(lens)), step_index))
+        return observe(self, reqs, lens, acc, fwd, step_index)
+
+    monkeypatch.setattr(AdaptiveController, "observe", spy)
+    monkeypatch.setattr(GoodputPolicy, "choose", lambda self, view, *fns: view.caps.copy())
+    ref = make_scheduler(tiny_model_dir, disable_overlap_schedule=not overlap)
+    sched = make_scheduler(
+        tiny_model_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps(cfg),
+        disable_overlap_schedule=not overlap,
+        **spec_args,
+    )
+    outs: dict = {}
+    ref_outs: dict = {}
+    for s, o in ((ref, ref_outs), (sched, outs)):
+        for i, p in enumerate(prompts(4)):
+            params = {**GREEDY, "max_new_tokens": 10 + 7 * i}
+            if i % 2 == 0:
+                params["repetition_penalty"] = 1.3
+            if i == 3:
+                params["frequency_penalty"] = 0.6
+            submit(s, f"r{i}", p, params)
+        run_until_idle(s, o)
+    for rid, out in ref_outs.items():
+        assert outs[rid]["output_ids"] == out["output_ids"], rid
+    state = sched.internal_state()
+    transitions = sum(
+        1 for (d0, i0), (d1, i1) in itertools.pairwise(seen) if d0 and not d1 and i1 == i0 + 1
+    )
+    assert transitions > 0 and state["spec_zero_probes"] > 0
+    assert state["spec_transition_steps"] == transitions
+    assert state["num_used_tokens"] == 0
