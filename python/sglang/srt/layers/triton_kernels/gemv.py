@@ -244,7 +244,7 @@ def gemv(
     _check(x, weight, bias)
     m, k = x.shape
     if m > ELEMENTWISE_MAX_ROWS:
-        return gemv_dot(x, weight, bias, tile=tile)
+        return _run_dot(x, weight, bias, tile)
     n = weight.shape[0]
     tile = tile or pick_tile(n, k, m)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -279,6 +279,13 @@ def gemv_dot(
     bench_gemv.py can time it at M = 1 and 2 too); same arguments, result and errors as
     ``gemv``. `tile` overrides `pick_tile(N, K, 3)`."""
     _check(x, weight, bias)
+    return _run_dot(x, weight, bias, tile)
+
+
+def _run_dot(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: GemvTile | None
+) -> torch.Tensor:
+    """gemv_dot after its argument check (gemv has run the same check)."""
     m, k = x.shape
     n = weight.shape[0]
     tile = tile or pick_tile(n, k, ELEMENTWISE_MAX_ROWS + 1)
