@@ -117,21 +117,30 @@ class Requests:
             self.kv[i] -= k
 
 
-def check_padded_equals_eager(
-    runner, graphs: CudaGraphRunner, mode: CaptureHiddenMode, atol, same_argmax: bool = True
-):
+# (requests, their new tokens) of the padded-replay checks, after prefill_verify_prompts
+VERIFY_STEPS = [
+    ([0, 1, 2], [[11], [12], [13]]),  # decode, 3 real + 1 pad in the bs-4 graph
+    ([0, 1, 2], [[21], [22, 23, 24], [25, 26]]),  # ragged verify
+    ([0, 1, 2, 3, 4], [[31], [32], [33, 34, 35, 36], [37], [38, 39]]),  # bs 5 -> 8
+    ([4], [[41, 42, 43]]),
+]
+
+
+def prefill_verify_prompts(runner) -> Requests:
+    """Five seeded prompts (7, 3, 12, 5 and 9 tokens) placed in runner's pools and prefilled
+    eagerly (their KV), for VERIFY_STEPS."""
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (7, 3, 12, 5, 9)]
     reqs = Requests(runner, prompts)
-    pre = reqs.batch(list(range(5)), prompts, ForwardMode.EXTEND)
-    runner.forward_worker_batch(pre)  # prefill eagerly: KV of the prompts
-    steps = [
-        ([0, 1, 2], [[11], [12], [13]]),  # decode, 3 real + 1 pad in the bs-4 graph
-        ([0, 1, 2], [[21], [22, 23, 24], [25, 26]]),  # ragged verify
-        ([0, 1, 2, 3, 4], [[31], [32], [33, 34, 35, 36], [37], [38, 39]]),  # bs 5 -> 8
-        ([4], [[41, 42, 43]]),
-    ]
-    for idx, new in steps:
+    runner.forward_worker_batch(reqs.batch(list(range(5)), prompts, ForwardMode.EXTEND))
+    return reqs
+
+
+def check_padded_equals_eager(
+    runner, graphs: CudaGraphRunner, mode: CaptureHiddenMode, atol, same_argmax: bool = True
+):
+    reqs = prefill_verify_prompts(runner)
+    for idx, new in VERIFY_STEPS:
         mwb = reqs.batch(idx, new, ForwardMode.TARGET_VERIFY)
         assert graphs.can_run(mwb, mode)
         eager = runner.forward_worker_batch(mwb, capture_hidden_mode=mode)
@@ -296,20 +305,12 @@ def test_triton_verify_backend_equals_eager_cpu(tiny_model_dir):
 
 
 def _verify_step_logits(runner, run) -> list[torch.Tensor]:
-    """Prefill check_padded_equals_eager's five prompts eagerly, then run its decode and ragged
-    verify steps through run(mwb) -> logits [R, V]; returns each step's logits as float32."""
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (7, 3, 12, 5, 9)]
-    reqs = Requests(runner, prompts)
-    runner.forward_worker_batch(reqs.batch(list(range(5)), prompts, ForwardMode.EXTEND))
-    steps = [
-        ([0, 1, 2], [[11], [12], [13]]),
-        ([0, 1, 2], [[21], [22, 23, 24], [25, 26]]),
-        ([0, 1, 2, 3, 4], [[31], [32], [33, 34, 35, 36], [37], [38, 39]]),
-        ([4], [[41, 42, 43]]),
-    ]
+    """prefill_verify_prompts, then VERIFY_STEPS through run(mwb) -> logits [R, V]; returns
+    each step's logits as float32."""
+    reqs = prefill_verify_prompts(runner)
     return [
-        run(reqs.batch(idx, new, ForwardMode.TARGET_VERIFY)).float().clone() for idx, new in steps
+        run(reqs.batch(idx, new, ForwardMode.TARGET_VERIFY)).float().clone()
+        for idx, new in VERIFY_STEPS
     ]
 
 
