@@ -108,6 +108,9 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
                 host = [p["host_us_per_step"] for p in runs.values() if p.get("host_us_per_step")]
                 for phase in host[0] if host else ():  # scheduler thread, median over rounds
                     row[f"host_us_{phase}_median"] = statistics.median(h[phase] for h in host)
+                gcs = [p["gc_per_step"]["us"] for p in runs.values() if p.get("gc_per_step")]
+                if gcs:  # the process's garbage collector, inside the host phases
+                    row["gc_us_per_step_median"] = statistics.median(gcs)
                 utils = [p["cpu_util"] for p in runs.values() if p.get("cpu_util")]
                 for role in CPU_ROLES:  # cores busy, median over rounds (sweep_serving)
                     if utils:
@@ -183,7 +186,7 @@ def markdown(result: dict) -> str:
         "",
         "| c | config | rounds | output tok/s (median, min-max) | ratio (median, min-max) "
         "| TTFT ms | ITL ms | cores busy: client / http / scheduler "
-        "| scheduler host us per step: busy / resolve |",
+        "| scheduler host us per step: busy / resolve (gc: of both, the garbage collector) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     twins = any("ratio_to_twins_median" in r for r in result["summary"])
@@ -199,6 +202,8 @@ def markdown(result: dict) -> str:
         if "host_us_resolve_median" in r:
             busy = sum(v for k, v in r.items() if k.startswith("host_us_") and "resolve" not in k)
             host = f"{busy:.0f} / {r['host_us_resolve_median']:.0f}"
+            if "gc_us_per_step_median" in r:  # of which the garbage collector
+                host += f" (gc {r['gc_us_per_step_median']:.0f})"
         cpu = "-"
         if f"cpu_{CPU_ROLES[0]}_median" in r:
             cpu = " / ".join(f"{r[f'cpu_{role}_median']:.2f}" for role in CPU_ROLES)

@@ -159,6 +159,23 @@ def host_us_per_step(before: dict[str, Any], after: dict[str, Any]) -> dict[str,
     return {k[7:]: round(1e6 * (after[k] - before[k]) / steps, 1) for k in keys}
 
 
+def gc_per_step(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """The scheduler process's garbage collections between two server states (utils/gc_stats.py:
+    its cumulative gc_s_gen<g> / gc_collections_gen<g> keys): ``us`` microseconds per forward
+    step in the collector (inside the host phases, not next to them) and ``gen<g>`` collections
+    of each generation in the point; {} when either state lacks them or no step ran."""
+    steps = after.get("forward_steps", 0) - before.get("forward_steps", 0)
+    gens = [g for g in range(3) if isinstance(before.get(f"gc_s_gen{g}"), float)]
+    if steps <= 0 or not gens or any(f"gc_s_gen{g}" not in after for g in gens):
+        return {}
+    seconds = sum(after[f"gc_s_gen{g}"] - before[f"gc_s_gen{g}"] for g in gens)
+    out = {"us": round(1e6 * seconds / steps, 1)}
+    for g in gens:
+        k = f"gc_collections_gen{g}"
+        out[f"gen{g}"] = after.get(k, 0) - before.get(k, 0)
+    return out
+
+
 def server_state(server: Server) -> dict[str, Any]:
     """Scalar entries of the scheduler's internal state (best effort)."""
     try:
@@ -300,6 +317,7 @@ class Sweep:
         if not stop:
             point["server_state"] = server_state(server)
             point["host_us_per_step"] = host_us_per_step(before, point["server_state"])
+            point["gc_per_step"] = gc_per_step(before, point["server_state"])
         tput = point.get("output_throughput")
         print(
             f"[{self.args.preset}/{name} c={c}] {point['status']} output_tok_s={tput}",

@@ -64,6 +64,11 @@
 #   bash scripts/gpu_diagnose.sh GM  # the 1..8-row GEMV (twentieth session): its GPU tests,
 #                                    # bench_gemv.py at 1-8 rows against cuBLAS, then SmolLM2
 #                                    # static K = 3 at bs 1 with SGLANG_TRITON_GEMV_MAX_ROWS 1, 8
+#   bash scripts/gpu_diagnose.sh TA  # SGLANG_TRITON_VERIFY over 16 trajectories (static K = 3,
+#                                    # SmolLM2 bs 16, = 1, 0, 1, 0: accepted drafts, step ms),
+#                                    # then paired no_spec / adaptive at c = 64-256 (SmolLM2,
+#                                    # then the 8B pair at 128, 256) with the GC counters
+#                                    # (twenty-first session)
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -78,7 +83,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -349,6 +354,26 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
         --kernel-table --draft-path "$draft"
     done
     ;;
+  TA)  # Triton verify's acceptance over 16 trajectories, then where c = 64-256 host time goes
+    draft=$PWD/python/sglang/data/smollm2_eagle3
+    i=0
+    for tv in 1 0 1 0; do
+      name="spec_step_smollm2_k3_bs16_tv${tv}_turn${i}_$TAG"
+      SGLANG_TRITON_VERIFY=$tv profile "$name" 60 --modes static_sync --spec-k 3 \
+        --batch-size 16 --steps 96 --draft-path "$draft"
+      grep -h -o '"spec_accepted_drafts": [0-9]*' "$D/$name.json" 2>/dev/null
+      i=$((i + 1))
+    done
+    for preset in RS RL; do
+      conc="64 128 256" budget=$(( $(left) / 2 ))
+      [ "$preset" = RL ] && conc="128 256" budget=$(( $(left) - 15 ))
+      TAG=$TAG PART_BUDGET_S=$budget OUT=$D \
+        PAIRED_EXTRA="--concurrency $conc --rounds 3 --rotate-cpu-sets" PAIRED_CPUS="0-5 6-11" \
+        PAIRED_CLIENT_CPUS=12-15 bash scripts/gpu_bench.sh $preset 2>&1 | grep -E "rc=|wrote"
+      cat "$D"/paired_*"$TAG".md 2>/dev/null | grep -E "^\| (64|128|256) "
+    done
+    cp "$D"/paired_*.md "$OUT"/ 2>/dev/null
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -357,7 +382,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

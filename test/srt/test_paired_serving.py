@@ -78,6 +78,7 @@ def test_markdown_lists_every_row_with_the_command():
     host = {"recv": 5.0, "plan": 100.0, "build": 50.0, "launch": 300.0, "resolve": 700.0}
     host |= {"commit": 80.0, "flush": 60.0}
     adaptive = {**_point(1, 0, "adaptive", 97.0), "cpu_util": util, "host_us_per_step": host}
+    adaptive["gc_per_step"] = {"us": 12.4, "gen0": 30, "gen1": 2, "gen2": 0}
     pts = [_point(1, 0, "no_spec", 100.0), adaptive]
     result = {
         "meta": {"command": "python benchmark/paired_serving.py --preset smollm2"},
@@ -89,7 +90,7 @@ def test_markdown_lists_every_row_with_the_command():
     assert "python benchmark/paired_serving.py --preset smollm2" in md
     assert "| 1 | no_spec | 1 | 100 (100-100) | - | 10.0 | 2.00 | - | - |" in md  # neither
     row = "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 "
-    row += "| 0.91 / 0.50 / 0.97 | 595 / 700 |"  # busy: every phase but resolve
+    row += "| 0.91 / 0.50 / 0.97 | 595 / 700 (gc 12) |"  # busy: every phase but resolve
     assert row in md
     assert "| 4 | adaptive | 0 | - | - | - | - | - | - |" in md
 
@@ -374,6 +375,19 @@ def test_host_us_per_step_from_two_server_states():
     assert host_us_per_step(before, after) == {"plan": 100.0, "flush": 150.0}
     assert host_us_per_step(before, before) == {}  # no step ran
     assert host_us_per_step({"forward_steps": 0}, after) == {}  # an older server: no keys
+
+
+def test_gc_per_step_from_two_server_states():
+    from sweep_serving import gc_per_step
+
+    before = {"forward_steps": 100, "gc_s_gen0": 0.5, "gc_s_gen1": 0.25, "gc_s_gen2": 1.0}
+    before |= {"gc_collections_gen0": 10, "gc_collections_gen1": 2, "gc_collections_gen2": 1}
+    after = {"forward_steps": 600, "gc_s_gen0": 0.5025, "gc_s_gen1": 0.25, "gc_s_gen2": 1.0125}
+    after |= {"gc_collections_gen0": 40, "gc_collections_gen1": 4, "gc_collections_gen2": 2}
+    # (0.0025 + 0.0125) s over 500 steps = 30 us per step
+    assert gc_per_step(before, after) == {"us": 30.0, "gen0": 30, "gen1": 2, "gen2": 1}
+    assert gc_per_step(before, before) == {}  # no step ran
+    assert gc_per_step({"forward_steps": 0}, after) == {}  # an older server: no keys
 
 
 def test_ratio_to_the_twins_geometric_mean():

@@ -60,6 +60,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.utils.gc_stats import process_gc_timer
 from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class Scheduler:
         self.builder = BatchBuilder(self)
         self.outputs = OutputProcessor(self)
         self.phases = HostPhases()  # scheduler-thread seconds per loop phase (host_s_* keys)
+        process_gc_timer()  # the process's garbage-collector time from now on (gc_s_* keys)
         self.stats: dict[str, Any] = {
             "num_retractions": 0,
             "prompt_tokens": 0,
@@ -363,6 +365,7 @@ class Scheduler:
             **self.runtime_config(),
             **self.stats,
             **self.phases.info(),
+            **process_gc_timer().info(),
             **(self.spec.server_info() if self.spec is not None else {}),
         }
 
