@@ -279,6 +279,39 @@ def _cuda_runner(tiny_model_dir: str, mode: CaptureHiddenMode):
     return runner
 
 
+def test_triton_verify_is_on_by_default_under_flashinfer(monkeypatch):
+    """ModelRunner.triton_verify_backend: on by default for a FlashInfer target's verify
+    buckets (max_extend_len > 1); SGLANG_TRITON_VERIFY=0, another attention backend, decode-only
+    graphs (max_extend_len 1) or a head size Triton does not take give None."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention import triton_backend
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    class FakeTriton:  # stands in for the backend, which needs a CUDA runner
+        def __init__(self, runner) -> None:
+            self.runner = runner
+
+    monkeypatch.setattr(triton_backend, "TritonAttnBackend", FakeTriton)
+    monkeypatch.delenv("SGLANG_TRITON_VERIFY", raising=False)
+    runner = SimpleNamespace(
+        attention_backend_name="flashinfer", model_config=SimpleNamespace(head_dim=64)
+    )
+    pick = ModelRunner.triton_verify_backend
+    assert isinstance(pick(runner, 4), FakeTriton) and pick(runner, 4).runner is runner
+    assert pick(runner, 1) is None  # decode-only graphs
+    monkeypatch.setenv("SGLANG_TRITON_VERIFY", "0")
+    assert pick(runner, 4) is None
+    monkeypatch.setenv("SGLANG_TRITON_VERIFY", "1")
+    assert isinstance(pick(runner, 4), FakeTriton)
+    assert pick(SimpleNamespace(**{**vars(runner), "attention_backend_name": "triton"}), 4) is None
+    assert not triton_backend.head_dim_supported(48)
+    assert (
+        pick(SimpleNamespace(**{**vars(runner), "model_config": SimpleNamespace(head_dim=48)}), 4)
+        is None
+    )
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter: CPU machines")
 def test_triton_verify_backend_equals_eager_cpu(tiny_model_dir):
     """Verify buckets of bs <= verify_backend_max_bs capture the verify backend (here Triton,
