@@ -11,7 +11,7 @@ The linear layers and the lm_head call the Triton GEMV (gemv.py) only when
 the H200 measured it: Llama-3.1-8B-shaped batch-1 decode 4.97 -> 4.54 ms per step, roofline
 fraction 0.71 -> 0.77; SmolLM2 batch 1 / 8 +2% / +6% tokens/s; benchmark/results/*_r8). It
 takes one row unless SGLANG_TRITON_GEMV_MAX_ROWS raises that to up to 8 (the kernel takes 8;
-the default stays 1 until the H200 measures M = 2..8 against cuBLAS).
+the default stays 1: on the H200 it at best ties cuBLAS at M = 2..8, gemv_rows1-8_h200_s21.json).
 Where the GEMV applies, ``use_fused_gemv_prologue`` can also let it compute its own input
 (gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py):
 off unless SGLANG_FUSED_GEMV_PROLOGUE names them (1 / all, norm, silu), since both together
@@ -100,8 +100,8 @@ def _triton_gemv_max_rows() -> int:
 
 # Decided once at import; 1 by default: at M = 2 cuBLAS read the Llama-3.1-8B weights faster
 # than the GEMV's elementwise kernel on 4 of 5 shapes on the H200
-# (benchmark/results/gemv_rows2_h200_s9.json), and the tl.dot kernel for M = 3..8 has not been
-# measured (benchmark/bench_gemv.py --rows 1 2 3 4 5 6 7 8 decides).
+# (benchmark/results/gemv_rows2_h200_s9.json), and the tl.dot kernel for M = 3..8 at best tied
+# it (benchmark/bench_gemv.py --rows 1 2 3 4 6 8, benchmark/results/gemv_rows1-8_h200_s21.json).
 TRITON_GEMV_MAX_ROWS: int = _triton_gemv_max_rows()
 
 

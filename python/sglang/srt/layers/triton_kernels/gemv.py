@@ -32,9 +32,11 @@ BLOCK_K powers of two >= 16. bf16/fp16 products accumulate in float32 on the ten
 float32 inputs use ``input_precision="ieee"`` (no TF32). The bias is added in float32 before
 the one rounding, as for M <= 2; only the summation order differs from F.linear's. M is a
 runtime argument (not specialized), so one compiled variant serves every M in 3..8, e.g.
-every verify bucket of a CUDA graph. Whether the GEMV beats cuBLAS at M = 3..8 is not measured
-yet (``benchmark/bench_gemv.py --rows``); the layers send the GEMV more than one row only under
-SGLANG_TRITON_GEMV_MAX_ROWS (triton_kernels/__init__.py).
+every verify bucket of a CUDA graph. On the H200 it does not beat cuBLAS at M = 3..8: its best
+tile ties cuBLAS on the Llama-3.1-8B shapes (within 2.2%; o_proj 9% and lm_head 4% faster) and
+the default tile below is 8-31% slower (benchmark/results/gemv_rows1-8_h200_s21.json), so the
+layers send the GEMV more than one row only under SGLANG_TRITON_GEMV_MAX_ROWS
+(triton_kernels/__init__.py).
 
 Triton's CPU interpreter computes a bfloat16 ``tl.dot`` wrongly (sglang.test.triton_interpreter),
 so the M > 2 kernel is checked on CPU in float32 and float16 only; bf16 on CUDA.
@@ -72,9 +74,10 @@ def pick_tile(n: int, k: int, m: int = 1) -> GemvTile:
     m <= 2: the tile measured fastest at M = 1 (bf16, H200, gemv_h200.json): 16x256w4 for
     gate_up [28672, 4096] and lm_head [128256, 4096]; 4x512w8 for down [4096, 14336]; 8x512 for
     qkv [6144, 4096] (4 warps) and o_proj [4096, 4096] (8 warps).
-    m > 2 (the tl.dot kernel): 16x256w4 everywhere, a guess not yet measured (the smallest
-    BLOCK_N tl.dot takes, for the most programs on N = 4096; bench_gemv.py --rows sweeps the
-    alternatives)."""
+    m > 2 (the tl.dot kernel): 16x256w4 everywhere (the smallest BLOCK_N tl.dot takes, for the
+    most programs on N = 4096). Measured on the H200 it is 8-31% slower than each shape's best
+    tile (64x256w4 for qkv, 32x512w4 for o_proj and down, 32x128w4 for gate_up, 64x128w4 for
+    lm_head; bench_gemv.py --rows, gemv_rows1-8_h200_s21.json), which only tie cuBLAS."""
     if m > ELEMENTWISE_MAX_ROWS:
         return GemvTile(16, 256, 4)
     if n >= 16384:
