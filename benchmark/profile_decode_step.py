@@ -43,6 +43,8 @@ prompt ids, greedy, ignore_eos) and reports
   --py-spy-ttft: the same (every thread, waiting included) over the TTFT rounds.
 
 Only CUDA: the point is device idle time. Results are written as JSON (rewritten per mode).
+The TTFT rounds live in ttft_timeline.py, the torch.profiler helpers (--kernel-table,
+--step-profile) in step_profiles.py, py-spy in pyspy_sampling.py.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ from bench_common import (
     write_json,
 )
 from proc_cpu import cpu_share, thread_cpu_seconds
-from pyspy_sampling import py_spy_window, start_spy, stop_spy
-from ttft_timeline import step_timers, timeline_row
+from pyspy_sampling import py_spy_window
+from step_profiles import chunk_means, kernel_table, step_profile
+from ttft_timeline import mtbench_ids, ttft_rounds
 
 DEFAULT_MODEL = f"{REPO}/benchmark/configs/llama31_8b_dummy"
 
@@ -115,7 +118,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     gen = torch.Generator().manual_seed(0)
     for i in range(a.batch_size):
         if a.mtbench:  # real text under the chat template (draft acceptance as in serving)
-            ids = _mtbench_ids(sched.tokenizer, i)
+            ids = mtbench_ids(sched.tokenizer, i)
         else:
             ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
         submit(sched, f"r{i}", ids, params)
@@ -149,7 +152,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     out["host_us_per_step"] = {
         k: round(1e6 * (v - phases0[k]) / a.steps, 1) for k, v in sched.phases.seconds.items()
     }
-    out["step_ms_by_chunk"] = _chunk_means(t0, marks, a.chunk_steps)
+    out["step_ms_by_chunk"] = chunk_means(t0, marks, a.chunk_steps)
     if sched.spec is not None:  # requests whose pending draft states were dropped for good
         out["stale_draft_reqs"] = sum(r.draft.stale for r in sched.running)
     out["gil_switch_interval_s"] = switch_s
@@ -167,11 +170,11 @@ def one_mode(a: argparse.Namespace) -> dict:
         out["scheduler_thread_cprofile_cumulative45"] = text.getvalue().splitlines()
         out["note"] = "step_ms is inflated by cProfile in this run"
     if a.step_profile:
-        out["step_profile"] = _step_profile(sched, a)
+        out["step_profile"] = step_profile(sched, a)
     if a.py_spy_steps:
         out.update(py_spy_window(sched, a))
     if a.ttft_rounds:
-        out.update(_ttft_rounds(sched, a, gen))
+        out.update(ttft_rounds(sched, a, gen))
     runner = sched.tp_worker.model_runner.cuda_graph_runner
     if runner is not None:
         key = runner.pick(a.batch_size, a.batch_size)
@@ -192,9 +195,9 @@ def one_mode(a: argparse.Namespace) -> dict:
             sync(a.device)
             out["verify_graph_ms"] = 1e3 * (time.perf_counter() - t0) / a.steps
         if a.kernel_table:  # the graphs' kernels (CUPTI traces kernels of graph launches)
-            out["graph_kernel_table"] = _kernel_table(graph, a.device)
+            out["graph_kernel_table"] = kernel_table(graph, a.device)
             if runner.max_extend_len > 1:
-                out["verify_graph_kernel_table"] = _kernel_table(runner.graphs[vkey], a.device)
+                out["verify_graph_kernel_table"] = kernel_table(runner.graphs[vkey], a.device)
     out["scheduler_stats"] = {
         k: v for k, v in sched.stats.items() if k.startswith(("forward", "overlap"))
     }
@@ -204,147 +207,6 @@ def one_mode(a: argparse.Namespace) -> dict:
     if sched.worker_client is not None:
         sched.worker_client.shutdown()
     return out
-
-
-def _ttft_rounds(sched, a: argparse.Namespace, gen: torch.Generator) -> dict:
-    """Server-side TTFT of one extra request at a time under the running batch (see the module
-    docstring); with --torch-profile, op tables of the last three rounds."""
-    from sglang.test.scheduler_utils import collect, submit
-
-    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    ms: list[float] = []
-    running: list[int] = []  # decoding requests at each round's submission (drafting modes
-    # commit up to K + 1 tokens per step and may finish the batch early)
-    timeline: list[list[dict]] = []  # per round, per scheduler step (ttft_timeline.py)
-    timers = step_timers(sched)
-    prof = None
-    cprof = cProfile.Profile() if a.cprofile else None
-    spy = None
-    if a.py_spy_ttft:  # every thread, waiting included, over all the rounds
-        raw = (a.result_file or "/tmp/decode_step.json").rsplit(".", 1)[0]
-        raw += f"_{a.mode}_ttft_pyspy_idle.txt"
-        spy = start_spy(a.py_spy_bin or "py-spy", "idle", raw, sched, a)
-    cpu0, wall0 = thread_cpu_seconds(), time.perf_counter()
-    for r in range(a.ttft_rounds):
-        if a.mtbench:
-            ids = _mtbench_ids(sched.tokenizer, 1000 + r)
-        else:
-            ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
-        if a.torch_profile and r == max(0, a.ttft_rounds - 3):
-            prof = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU]
-                + ([torch.profiler.ProfilerActivity.CUDA] if a.device == "cuda" else [])
-            )
-            prof.__enter__()
-        outputs: dict = {}
-        collect(sched, outputs)
-        outputs.clear()
-        sync(a.device)
-        timers.take()  # drop the previous round's tail steps
-        t0 = time.perf_counter()
-        if cprof is not None:
-            cprof.enable()
-        running.append(len(sched.running))
-        submit(sched, f"t{r}", ids, params, stream=True)
-        steps = []
-        while not outputs.get(f"t{r}", {}).get("output_ids"):
-            s0 = time.perf_counter()
-            batch = sched.step()
-            collect(sched, outputs)
-            steps.append(timeline_row(batch, s0, t0, timers))
-        ms.append(1e3 * (time.perf_counter() - t0))
-        timeline.append(steps)
-        if cprof is not None:
-            cprof.disable()
-        for _ in range(6):  # let it finish before the next round
-            sched.step()
-    timers.restore()
-    out: dict = {"ttft_ms_median": sorted(ms)[len(ms) // 2], "ttft_ms": ms, "running": running}
-    out["ttft_timeline"] = timeline[-4:]
-    wall = time.perf_counter() - wall0
-    out["ttft_thread_cpu_share"] = cpu_share(cpu0, thread_cpu_seconds(), wall)
-    if spy is not None:
-        out["ttft_py_spy_idle"] = {"raw_file": raw, **stop_spy(spy, raw)}
-    if cprof is not None:  # the scheduler thread over the TTFT rounds
-        text = io.StringIO()
-        pstats.Stats(cprof, stream=text).sort_stats("cumulative").print_stats(40)
-        out["ttft_cprofile_cumulative40"] = text.getvalue().splitlines()
-    if prof is not None:
-        prof.__exit__(None, None, None)
-        ka = prof.key_averages()
-        cpu_table = ka.table(sort_by="self_cpu_time_total", row_limit=30)
-        out["torch_profile_cpu"] = cpu_table.splitlines()
-        if a.device == "cuda":
-            out["torch_profile_cuda"] = ka.table(
-                sort_by="self_cuda_time_total", row_limit=30
-            ).splitlines()
-    return out
-
-
-def _kernel_table(graph, device: str) -> list[str]:
-    """torch.profiler's CUDA kernel table (top 40 by self time) of 8 replays of `graph`."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(8):
-            graph.replay()
-        sync(device)
-    return (
-        prof.key_averages()
-        .table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
-        .splitlines()
-    )
-
-
-def _step_profile(sched, a: argparse.Namespace) -> dict:
-    """torch.profiler (CPU + CUDA) over a.step_profile scheduler steps: wall and summed CUDA
-    kernel time per step (kernel time near the wall: the step is device-bound; far below it:
-    host-bound) and the top ops by self CUDA and self CPU time."""
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    acts += [torch.profiler.ProfilerActivity.CUDA] if a.device == "cuda" else []
-    sync(a.device)
-    with torch.profiler.profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        for _ in range(a.step_profile):
-            sched.step()
-        sync(a.device)
-        wall = time.perf_counter() - t0
-    if a.trace_file:  # chrome://tracing / Perfetto: host launches against device kernels
-        prof.export_chrome_trace(a.trace_file.removesuffix(".json") + f"_{a.mode}.json")
-    ka = prof.key_averages()
-    kernel_us = sum(e.self_device_time_total for e in ka if e.device_type.name == "CUDA")
-    n = a.step_profile
-    return {
-        "steps": n,
-        "wall_ms_per_step_profiled": 1e3 * wall / n,
-        "cuda_kernel_ms_per_step": kernel_us / 1e3 / n,
-        "cuda_table": ka.table(
-            sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60
-        ).splitlines(),
-        "cpu_table": ka.table(
-            sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60
-        ).splitlines(),
-    }
-
-
-def _chunk_means(t0: float, marks: list[float], chunk: int) -> list[float]:
-    """Mean wall ms per step of consecutive chunks of `chunk` steps (the last may be shorter):
-    shows whether the window's steps drift (warm-up, a request state that grows)."""
-    out, prev = [], t0
-    for i in range(0, len(marks), chunk):
-        part = marks[i : i + chunk]
-        out.append(round(1e3 * (part[-1] - prev) / len(part), 3))
-        prev = part[-1]
-    return out
-
-
-def _mtbench_ids(tokenizer, i: int) -> list[int]:
-    """Token ids of MT-Bench question i (cycled) under the tokenizer's chat template."""
-    with open(f"{REPO}/benchmark/data/mtbench_questions.jsonl") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    turn = rows[i % len(rows)]["turns"][0]
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": turn}], add_generation_prompt=True, tokenize=True
-    )
-    return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
 class _ListHandler(logging.Handler):
