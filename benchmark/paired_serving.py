@@ -28,7 +28,9 @@ each scheduler host phase (each point's `host_us_per_step`, from the server's ho
 counters; the table shows their sum without `resolve`, and `resolve`, the wait for the
 device); and the paired ratio to the first configuration
 (output tok/s of the same round), its median, min and max over rounds. Raw points under
-`points`. A markdown table is written next to the JSON, followed by what was not measured.
+`points`. A markdown table is written next to the JSON, followed by each configuration's
+verdict against the 0.97 goal with the run's own noise (ratio_verdict.py: rounds, and server
+instances through the A/A twin) and by what was not measured.
 With --cpu-sets (one CPU list per configuration) each server's processes run on their own
 cores, and --client-cpus pins this process: servers side by side then do not share cores with
 each other or with the client (in the eleventh session's py-spy of both SmolLM2 servers at
@@ -59,6 +61,7 @@ from typing import Any
 
 from bench_common import error_record, run_meta, write_json
 from bench_server import Server, log_tail, parse_cpu_list
+from ratio_verdict import verdict_markdown
 from sweep_presets import config_flags
 from sweep_serving import (
     MIN_POINT_S,
@@ -219,6 +222,9 @@ def markdown(result: dict) -> str:
         if twins:
             line += f" {_ratio_cell(r, 'ratio_to_twins')} |"
         lines.append(line)
+    judged = verdict_markdown(result)  # the 0.97 goal, with the noise the run itself shows
+    if judged:
+        lines += ["", *judged]
     missing = failures(result)
     if missing:
         lines += ["", "Not measured:", "", *missing]
