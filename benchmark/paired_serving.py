@@ -15,7 +15,9 @@ configurations run side by side (started one after another, so that each start-u
 adaptive server's step-time warm-up, has the GPU alone; each gets --server-args, e.g. a smaller
 --max-total-tokens so that both fit), and at each concurrency c the configurations take turns
 for --rounds rounds, in ABBA order (round r runs the configurations in order when r is even,
-reversed when odd), so that a drift over the round cancels. Only one server has requests at a
+reversed when odd), so that a drift over the round cancels. By default (--order round) round 0
+runs at every concurrency before round 1 starts, so the rounds of one concurrency lie minutes
+apart (schedule()). Only one server has requests at a
 time (an idle scheduler blocks on its socket). Points are as in sweep_serving.py (same
 prompts, flush before each point, all requests at once, at most c in flight, greedy,
 ignore_eos, fixed output length).
@@ -75,6 +77,28 @@ from sweep_serving import (
 def round_order(configs: list[str], r: int) -> list[str]:
     """The configurations of round r: in order when r is even, reversed when odd (ABBA)."""
     return list(configs) if r % 2 == 0 else list(reversed(configs))
+
+
+def schedule(
+    concurrency: list[int], rounds: int, configs: list[str], order: str
+) -> list[tuple[int, int, str]]:
+    """The run's points as (c, round, configuration), in the order they run. "concurrency":
+    every round of one c back to back, then the next c (the order through the twenty-first
+    session). "round": round 0 at every c, then round 1 at every c, ... so that the rounds of
+    one c lie minutes apart instead of seconds: a server's state that lasts longer than a round
+    (the A/A twin was 1.15x its base in all three back-to-back rounds at c = 16 in the
+    twenty-first session) then varies between rounds and shows in their spread instead of
+    biasing their mean. Each round keeps the ABBA order of round_order. Raises ValueError for
+    another order."""
+    if order == "concurrency":
+        return [
+            (c, r, n) for c in concurrency for r in range(rounds) for n in round_order(configs, r)
+        ]
+    if order == "round":
+        return [
+            (c, r, n) for r in range(rounds) for c in concurrency for n in round_order(configs, r)
+        ]
+    raise ValueError(f"order must be 'round' or 'concurrency', got {order!r}")
 
 
 # Processes whose CPU use a point records (sweep_serving._cpu_util): the benchmark client and
@@ -279,12 +303,11 @@ class PairedRun:
         try:
             if not self.start_servers():
                 return
-            for c in self.args.concurrency:
+            a = self.args
+            for c, r, name in schedule(a.concurrency, a.rounds, a.configs, a.order):
                 n = min(self.sweep.num_prompts(c), len(self.sweep.rows))
-                for r in range(self.args.rounds):
-                    for name in round_order(self.args.configs, r):
-                        self.point(name, c, r, n)
-                        self.save()
+                self.point(name, c, r, n)
+                self.save()
         finally:
             for server in self.servers.values():
                 server.stop()
@@ -318,6 +341,14 @@ def main(argv: list[str] | None = None) -> dict:
         "there only, so side-by-side servers do not share cores",
     )
     p.add_argument("--client-cpus", default=None, help="CPU list for this benchmark process")
+    p.add_argument(
+        "--order",
+        choices=("round", "concurrency"),
+        default="round",
+        help="round: round 0 at every concurrency, then round 1, ... (rounds of one c minutes "
+        "apart); concurrency: all rounds of one c back to back (before the twenty-second "
+        "session); see schedule()",
+    )
     p.add_argument(
         "--rotate-cpu-sets",
         action="store_true",
@@ -363,7 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
             "preset", "configs", "concurrency", "rounds", "output_len", "min_prompts",
             "prompts_per_concurrency", "max_prompts", "dataset", "dataset_path",
             "chat_template", "server_args", "deadline_s", "cpu_sets", "client_cpus",
-            "rotate_cpu_sets",
+            "rotate_cpu_sets", "order",
         )
     }  # fmt: skip
     settings["model_flags"] = preset.model_flags

@@ -34,6 +34,25 @@ def test_round_order_alternates():
     assert round_order(cfgs, 1) is not cfgs  # a copy: callers may not reorder the settings
 
 
+def test_schedule_orders_points_by_round_or_by_concurrency():
+    from paired_serving import schedule
+
+    cfgs = ["no_spec", "adaptive"]
+    by_round = schedule([1, 4], 2, cfgs, "round")
+    assert by_round == [
+        (1, 0, "no_spec"), (1, 0, "adaptive"), (4, 0, "no_spec"), (4, 0, "adaptive"),
+        (1, 1, "adaptive"), (1, 1, "no_spec"), (4, 1, "adaptive"), (4, 1, "no_spec"),
+    ]  # fmt: skip
+    by_c = schedule([1, 4], 2, cfgs, "concurrency")
+    assert by_c == [
+        (1, 0, "no_spec"), (1, 0, "adaptive"), (1, 1, "adaptive"), (1, 1, "no_spec"),
+        (4, 0, "no_spec"), (4, 0, "adaptive"), (4, 1, "adaptive"), (4, 1, "no_spec"),
+    ]  # fmt: skip
+    assert sorted(by_round) == sorted(by_c)  # the same points
+    with pytest.raises(ValueError, match="order"):
+        schedule([1], 1, cfgs, "config")
+
+
 def test_summary_pairs_rounds_and_skips_failed_points():
     pts = [
         _point(4, 0, "no_spec", 100.0, ttft=20.0),
