@@ -16,6 +16,7 @@ import torch
 import sglang.srt.managers.scheduler_output_processor as sop
 from sglang.srt.speculative.adaptive import AdaptiveController, parse_adaptive_config
 from sglang.srt.speculative.spec_info import SpecPlan
+from sglang.test.adaptive_sim import LIGHT, pending_req, synthetic
 from sglang.test.scheduler_utils import (
     collect,
     make_scheduler,
@@ -69,8 +70,6 @@ def adaptive_off(tiny_model_dir, draft_dir) -> tuple:
     the guard (the synthetic step-time models decide here; the guard would rightly block the
     drafting they ask for once it measures that drafting is slower on this CPU) whose policy
     chose no drafts for a first 30-token turn t0 (a model under which drafting never pays)."""
-    from test_adaptive_policy import synthetic
-
     sched = spec_scheduler(
         tiny_model_dir,
         draft_dir,
@@ -253,8 +252,6 @@ def test_drafting_off_follows_the_goodput_policy_only():
     """drafting_off: after the goodput policy chose no drafts at all, until it drafts again;
     never with defer_draft_extend false, never for the tier baseline."""
 
-    from test_adaptive_policy import LIGHT, pending_req, synthetic
-
     reqs = [pending_req(i) for i in range(4)]
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
 
@@ -283,8 +280,6 @@ def test_speculation_turns_back_on_when_only_target_only_requests_run(tiny_model
     and drafts, and so does the next turn. Outputs stay the plain engine's. (Before the
     hidden state pool such a request could never draft, and before the policy ran on
     requests that cannot draft, speculation stayed off for good.)"""
-    from test_adaptive_policy import LIGHT
-
     sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
     plain = make_scheduler(tiny_model_dir, dtype="float32")
     ref: dict = {}
@@ -310,8 +305,6 @@ def test_long_target_only_contexts_do_not_count_as_catch_up(tiny_model_dir, draf
     policy must see 0 pending positions for them, not their whole lag, else drafting never
     looks worth it and speculation stays off for good (the hidden state pool's first version
     counted kv_len - draft_kv_len for them: 1302 positions here)."""
-    from test_adaptive_policy import synthetic
-
     sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
     p = next_turns(sched, outs, p, (1, 2, 3), n=400, seed=20)  # off: long target-only turns
     assert ctl.drafting_off()
@@ -330,8 +323,6 @@ def test_moderate_target_only_contexts_let_speculation_come_back(tiny_model_dir,
     their lag pending (to catch up over it) failed this: each turn, admitted while off, lagged
     by its whole context, no single step could pay for that catch-up, and speculation stayed
     off for the rest of the conversation (found by a review helper, seventeenth session)."""
-    from test_adaptive_policy import synthetic
-
     sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
     p = next_turns(sched, outs, p, (1, 2), n=300, seed=20)
     assert ctl.drafting_off()
@@ -481,8 +472,6 @@ def test_catch_up_over_a_target_only_prefix_leaves_its_last_slot_alone(tiny_mode
     that entry depends on the token after it, which differs between requests sharing the
     prefix, so the turn computes that position in a slot of its own (a version without this
     overwrote the shared slot, found by a review helper in the seventeenth session)."""
-    from test_adaptive_policy import LIGHT
-
     sched, ctl, outs, p = adaptive_off(tiny_model_dir, draft_dir)
     follow = p + outs["t0"]["output_ids"] + prompt(5, seed=6)
     m = sched.tree_cache.match_prefix(follow)

@@ -1,0 +1,99 @@
+"""Adaptive speculation (issue 7): the --speculative-adaptive-config parser (registry.py) and its
+validation, and the checks of --speculative-adaptive at server-args resolution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args_resolve import resolve_speculative_args
+from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
+
+
+def test_config_parsing_and_validation(tmp_path):
+    cfg = parse_adaptive_config('{"policy": "tiers", "tiers": {"1": 2, "16": 0}}')
+    assert cfg.policy == "tiers" and cfg.tiers == {1: 2, 16: 0}
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"policy": "fixed", "fixed_k": 2}))
+    assert parse_adaptive_config(str(path)).fixed_k == 2
+    assert parse_adaptive_config(None).policy == "goodput"
+    for bad in ('{"policy": "fixed"', '{"polcy": "fixed"}', '{"policy": "x"}', "[1]", "nope"):
+        with pytest.raises(ValueError, match="--speculative-adaptive-config"):
+            parse_adaptive_config(bad)
+    with pytest.raises(ValueError, match="hysteresis"):
+        parse_adaptive_config('{"hysteresis": -1}')
+    # errors quote the value as the user wrote it (JSON true, not Python True)
+    with pytest.raises(ValueError, match=r"'probe_every' must be an integer >= 0, got true$"):
+        parse_adaptive_config('{"probe_every": true}')
+    with pytest.raises(ValueError, match=r"'probe_every' must be an integer >= 0, got -1$"):
+        parse_adaptive_config('{"probe_every": -1}')
+    assert parse_adaptive_config('{"probe_every": 0}').probe_every == 0
+    assert parse_adaptive_config('{"time_model": {"draft_reqs": 0.001}}').time_model == {
+        "draft_reqs": 0.001
+    }
+
+
+@pytest.mark.parametrize(
+    "text, key, shown",
+    [
+        ('{"hysteresis": NaN}', "hysteresis", "NaN"),  # NaN fails every < > comparison
+        ('{"initial_accept": NaN}', "initial_accept", "NaN"),
+        ('{"prior_strength": Infinity}', "prior_strength", "Infinity"),
+        ('{"server_prior_count": -Infinity}', "server_prior_count", "-Infinity"),
+        ('{"time_model": {"const": Infinity}}', "time_model.const", "Infinity"),  # hi is inf
+        ('{"time_model": {"const": 1e999}}', "time_model.const", "Infinity"),  # overflows
+        pytest.param(
+            '{"time_model": {"const": 1' + "0" * 400 + "}}",
+            "time_model.const",
+            "1" + "0" * 400,
+            id="int-beyond-float",
+        ),
+    ],
+)
+def test_config_rejects_non_finite_numbers(text, key, shown):
+    """Python's json accepts NaN / Infinity; the config must not (found by review)."""
+    msg = f"--speculative-adaptive-config: '{key}' must be a finite number, got {shown}$"
+    with pytest.raises(ValueError, match=msg):
+        parse_adaptive_config(text)
+    a = ServerArgs(  # and start-up (server-args resolution) fails the same way
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/x",
+        speculative_adaptive=True,
+        speculative_adaptive_config=text,
+    )
+    with pytest.raises(ValueError, match=msg):
+        resolve_speculative_args(a, bundled=False)
+
+
+def test_server_args_validation():
+    a = ServerArgs(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/x",
+        speculative_adaptive=True,
+        speculative_adaptive_config='{"bogus": 1}',
+    )
+    with pytest.raises(ValueError, match="--speculative-adaptive-config"):
+        resolve_speculative_args(a, bundled=False)
+    a = ServerArgs(speculative_adaptive=True)
+    with pytest.raises(ValueError, match="--speculative-adaptive needs"):
+        resolve_speculative_args(a, bundled=False)
+    a = ServerArgs(speculative_adaptive_config='{"recheck_every": 2}')  # the config alone
+    with pytest.raises(ValueError, match="--speculative-adaptive-config needs"):
+        resolve_speculative_args(a, bundled=False)
+    a = ServerArgs(  # fixed_k beyond K fails at start-up, naming both
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/x",
+        speculative_num_steps=3,
+        speculative_adaptive=True,
+        speculative_adaptive_config='{"policy": "fixed", "fixed_k": 4}',
+    )
+    with pytest.raises(ValueError, match="'fixed_k' 4 exceeds --speculative-num-steps 3"):
+        resolve_speculative_args(a, bundled=False)
+    a.speculative_adaptive_config = '{"fixed_k": 4}'  # unused by goodput: still a mistake
+    with pytest.raises(ValueError, match="'fixed_k' 4 exceeds --speculative-num-steps 3"):
+        resolve_speculative_args(a, bundled=False)
+    a.speculative_adaptive_config = '{"policy": "fixed", "fixed_k": 3}'
+    resolve_speculative_args(a, bundled=False)
+    assert a.speculative_num_steps == 3
