@@ -28,6 +28,20 @@ def test_counts_and_times_each_generation() -> None:
     assert set(timer.info()) == {f"gc_{k}_gen{g}" for k in ("s", "collections") for g in range(3)}
 
 
+def test_reset_zeroes_the_counters() -> None:
+    timer = GcTimer()
+    gc.callbacks.append(timer.callback)
+    try:
+        gc.collect(2)
+        assert timer.collections[2] >= 1
+        timer.reset()
+        assert timer.collections == [0, 0, 0] and timer.seconds == [0.0, 0.0, 0.0]
+        gc.collect(1)  # counting goes on after a reset
+        assert timer.collections[1] >= 1
+    finally:
+        gc.callbacks.remove(timer.callback)
+
+
 def test_stop_without_start_is_ignored() -> None:
     timer = GcTimer()
     timer.callback("stop", {"generation": 1})  # installed while a collection ran

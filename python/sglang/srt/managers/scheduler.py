@@ -415,6 +415,7 @@ def run_scheduler_process(server_args: ServerArgs, model_config: ModelConfig, po
         pipe.send({"status": "error", "error": f"{type(e).__name__}: {e}"})
         return
     freeze_gc("scheduler")
+    process_gc_timer().reset()  # gc_* keys count collections while serving, not freeze_gc's
     pipe.send({"status": "ready", "max_total_num_tokens": scheduler.max_total_num_tokens})
     try:
         scheduler.event_loop()

@@ -38,6 +38,12 @@ class GcTimer:
         self.collections[gen] += 1
         self._start = None
 
+    def reset(self) -> None:
+        """Zero the counters (a server calls it after freeze_gc: its start-up collection, some
+        hundred milliseconds over the model's objects, is not a pause of serving)."""
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+
     def info(self) -> dict[str, float | int]:
         """Server-info keys: ``gc_s_gen<g>`` (seconds since install, float) and
         ``gc_collections_gen<g>`` (int) for g = 0, 1, 2."""
