@@ -374,6 +374,26 @@ def test_abort_request_endpoint(server):
     _wait_idle_and_no_leak(server, timeout_s=5.0)
 
 
+def test_abort_all_ends_every_request_in_flight(server):
+    """{"abort_all": true} (upstream's AbortReq field) aborts every running request; bad
+    bodies get a 400 that names the field, and the server keeps serving."""
+    streams = [_open_long_stream(server, f"all-{i}") for i in range(2)]
+    assert server.internal_state()["num_running_reqs"] == 2
+    assert server.post("/abort_request", {"abort_all": True}).status_code == 200
+    for resp, lines, _ in streams:
+        events = sse_events(resp, lines)
+        assert events[-1] == "[DONE]"
+        assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert len(events[-2]["output_ids"]) < 2000
+    _wait_idle_and_no_leak(server, timeout_s=5.0)
+    bad = server.post("/abort_request", {"abort_all": "yes"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "abort_all"
+    bad = server.post("/abort_request", {"abort_all": False})
+    assert bad.status_code == 400 and "abort_all" in bad.json()["error"]["message"]
+    out = server.post("/generate", {"text": "Hi", "sampling_params": greedy(4)}).json()
+    assert len(out["output_ids"]) == 4
+
+
 # ---- shutdown -----------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_sigterm_stops_every_process(tiny_model_dir):

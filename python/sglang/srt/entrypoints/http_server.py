@@ -246,8 +246,16 @@ def _add_native_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
             data = orjson.loads(await raw.body())
         except orjson.JSONDecodeError as e:
             raise OpenAIError(f"invalid JSON body: {e}", 400) from e
-        if not isinstance(data, dict) or not isinstance(data.get("rid"), str):
-            raise OpenAIError("'rid' (string) is required", 400, param="rid")
+        if not isinstance(data, dict):
+            raise OpenAIError("the body must be a JSON object", 400)
+        abort_all = data.get("abort_all", False)
+        if not isinstance(abort_all, bool):
+            raise OpenAIError("'abort_all' must be a boolean", 400, param="abort_all")
+        if abort_all:  # upstream's AbortReq(abort_all=True): every request in flight
+            tm.abort_all()
+            return Response(status_code=200)
+        if not isinstance(data.get("rid"), str):
+            raise OpenAIError("'rid' (string) or 'abort_all': true is required", 400, param="rid")
         tm.abort_request(data["rid"])
         return Response(status_code=200)
 

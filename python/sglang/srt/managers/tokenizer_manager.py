@@ -361,6 +361,14 @@ class TokenizerManager:
         if rid in self.rid_to_state and self._sockets_ready:
             self._send(AbortReq(rid))
 
+    def abort_all(self) -> int:
+        """Abort every request in flight (upstream's AbortReq(abort_all=True)); each finishes
+        with finish_reason abort like one aborted by rid. Returns how many were aborted."""
+        rids = list(self.rid_to_state)
+        for rid in rids:
+            self.abort_request(rid)
+        return len(rids)
+
     async def flush_cache(self) -> bool:
         out: FlushCacheReqOutput = await self._ask(FlushCacheReq(), FlushCacheReqOutput)
         return out.success
