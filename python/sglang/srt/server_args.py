@@ -139,6 +139,14 @@ class ServerArgs:
         '\'{"policy": "goodput"|"fixed"|"tiers", "fixed_k": 3, "tiers": {"1": 3, "8": 2}}\'; '
         "see docs/adaptive_speculation.md.",
     )
+    speculative_coupled_sampling: bool = _arg(
+        False,
+        "(This fork.) Verify sampled requests by coupling instead of rejection sampling: the "
+        "draft proposes and the target verifies with the noise the plain sampler would use at "
+        "each position, and a draft is accepted only when it is the token plain sampling picks. "
+        "A seeded request's text is then the same whichever steps drafted (e.g. under "
+        "--speculative-adaptive), at a lower acceptance rate than rejection sampling's.",
+    )
     # ---- logging ----
     log_level: str = _arg("info", "Logging level.")
     log_requests: bool = _arg(False, "Log every request's inputs and outputs.")

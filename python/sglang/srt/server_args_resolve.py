@@ -99,6 +99,8 @@ def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
                 "--speculative-adaptive-config needs --speculative-algorithm and "
                 "--speculative-adaptive"
             )
+        if a.speculative_coupled_sampling:
+            raise ValueError("--speculative-coupled-sampling needs --speculative-algorithm")
         return
     if a.speculative_adaptive_config is not None and not a.speculative_adaptive:
         raise ValueError("--speculative-adaptive-config needs --speculative-adaptive")

@@ -19,7 +19,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.layers.sampler import compute_logprobs, sampling_probs
+from sglang.srt.layers.sampler import Sampler, compute_logprobs, sampling_probs
 from sglang.srt.managers.pending_result import PendingResult, begin_step
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
 from sglang.srt.managers.tp_worker import TpModelWorker, ids_by_request
@@ -106,6 +106,9 @@ class EAGLEWorkerV2:
                 self.draft.init_chain_graphs(
                     self.hidden_pool, sizes, server_args.speculative_num_steps
                 )
+        # --speculative-coupled-sampling: drafts and verification of sampled requests use
+        # the plain sampler's noise (STREAM_SAMPLE at each output position), see forward_verify
+        self.coupled = server_args.speculative_coupled_sampling
         vd = self.draft.model.config.draft_vocab_size or self.vocab_size
         self.draft_to_target = self.draft.model.map_to_target(
             torch.arange(vd, device=self.device)
@@ -306,8 +309,9 @@ class EAGLEWorkerV2:
         q_draft = torch.softmax(logits / temps, dim=-1)  # [m, Vd]
         hot = torch.zeros_like(q_draft).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
         q_draft = torch.where(greedy.view(-1, 1), hot, q_draft)
-        pos = info.random_positions[idx] + (step - 1)
-        tok = sample_from_probs(q_draft, info.seeds[idx], pos, STREAM_DRAFT)
+        pos = info.random_positions[idx] + (step - 1)  # the output index it would take
+        stream = STREAM_SAMPLE if self.coupled else STREAM_DRAFT  # coupled: the target's race
+        tok = sample_from_probs(q_draft, info.seeds[idx], pos, stream)
         q = torch.zeros(len(active), self.vocab_size, device=self.device)
         q.index_copy_(1, self.draft_to_target, q_draft)
         for k, i in enumerate(active):
@@ -351,6 +355,15 @@ class EAGLEWorkerV2:
         processed = rows_info.apply_logits_processors(logits)
         if info.is_all_greedy:
             both = self._verify_greedy(processed, ids, d_t, lay, d, fused)
+        elif self.coupled:
+            # Coupled verification: each row's token is what the plain sampler draws at that
+            # output position (rows_info: the drafts before it count as generated), and a
+            # draft is accepted only when it is that token, so the committed text is plain
+            # sampling's whatever the draft lengths were. Greedy verification against those
+            # tokens does exactly this (greedy rows: their argmax, as in the plain sampler).
+            picked = Sampler._sample(processed, rows_info)  # [R] int64
+            gather = int64_to_device(list(greedy_rows(d)), self.device)
+            both = packed_result(verify_greedy_rows(picked, ids, *gather, max(d) + 1))
         else:
             p = sampling_probs(processed, rows_info)
             u = uniform_noise(rows_info.seeds, rows_info.random_positions, 1, STREAM_SPEC_ACCEPT)
