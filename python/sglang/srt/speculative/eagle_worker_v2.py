@@ -310,12 +310,15 @@ class EAGLEWorkerV2:
         hot = torch.zeros_like(q_draft).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
         q_draft = torch.where(greedy.view(-1, 1), hot, q_draft)
         pos = info.random_positions[idx] + (step - 1)  # the output index it would take
-        stream = STREAM_SAMPLE if self.coupled else STREAM_DRAFT  # coupled: the target's race
-        tok = sample_from_probs(q_draft, info.seeds[idx], pos, stream)
         q = torch.zeros(len(active), self.vocab_size, device=self.device)
         q.index_copy_(1, self.draft_to_target, q_draft)
         for k, i in enumerate(active):
             q_rows[i].append(q[k])
+        if self.coupled:
+            # the target's race: over target ids (a column's noise is keyed by its index, and
+            # with a draft vocabulary draft id j is target id draft_to_target[j])
+            return sample_from_probs(q, info.seeds[idx], pos, STREAM_SAMPLE)
+        tok = sample_from_probs(q_draft, info.seeds[idx], pos, STREAM_DRAFT)
         return self.draft_to_target[tok]
 
     def forward_verify(self, mwb: ModelWorkerBatch) -> GenerationBatchResult:
