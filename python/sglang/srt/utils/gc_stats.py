@@ -45,7 +45,7 @@ class GcTimer:
         self.seconds = [0.0, 0.0, 0.0]
 
     def info(self) -> dict[str, float | int]:
-        """Server-info keys: ``gc_s_gen<g>`` (seconds since install, float) and
+        """Server-info keys: ``gc_s_gen<g>`` (seconds since install or reset, float) and
         ``gc_collections_gen<g>`` (int) for g = 0, 1, 2."""
         out: dict[str, float | int] = {}
         for g in range(3):
