@@ -13,7 +13,9 @@ batched greedy generate. Per K and dataset, from the responses' meta_info:
 - mean_request_accept_length: mean of the per-request spec_accept_length;
 - accept_histogram: summed spec_accept_histogram ([j] = verifies that accepted j drafts);
 - tokens_per_s: completion tokens / wall time of the generate call;
-- mismatches: requests whose output_ids differ from the reference run (must be 0).
+- mismatches: requests whose output_ids differ from the reference run (must be 0 when greedy;
+  with --temperature > 0 every request samples with sampling_seed 0, and only coupled sampling,
+  `--engine-arg speculative_coupled_sampling=true`, keeps the reference's tokens).
 
 Prompts come from benchmark/data/ (scripts/prepare_draft_data.py). MT-Bench: the first turn of
 each question under the chat template. HumanEval (--humaneval-format): "chat" (default) sends
@@ -48,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", nargs="+", default=list(DATA_FILES), choices=list(DATA_FILES))
     p.add_argument("--num-prompts", type=int, default=None, help="per dataset (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="> 0: seeded sampling (mismatches are then expected with rejection sampling, and "
+        "0 up to rounding with --engine-arg speculative_coupled_sampling=true)",
+    )
     p.add_argument("--humaneval-format", default="chat", choices=["chat", "raw"])
     p.add_argument("--dtype", default="auto", help="engine dtype (auto: bf16 CUDA, fp32 CPU)")
     p.add_argument("--data-dir", default=DATA_DIR)
@@ -129,13 +138,20 @@ def summarize(outs: list[dict], wall_s: float, reference: list[list[int]] | None
 
 
 def run_engine(
-    model_path: str | None, inputs: dict[str, list[list[int]]], max_new_tokens: int, **kw: Any
+    model_path: str | None,
+    inputs: dict[str, list[list[int]]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    **kw: Any,
 ) -> tuple[dict[str, list[dict]], dict[str, float], float]:
-    """Start one Engine, send each dataset as one batched greedy generate, shut it down.
-    Returns (outputs per dataset, generate wall seconds per dataset, startup seconds)."""
+    """Start one Engine, send each dataset as one batched generate (greedy at temperature 0,
+    else sampled with sampling_seed 0), shut it down. Returns (outputs per dataset, generate
+    wall seconds per dataset, startup seconds)."""
     from sglang.srt.entrypoints.engine import Engine
 
-    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    params: dict[str, Any] = {"temperature": temperature, "max_new_tokens": max_new_tokens}
+    if temperature > 0:  # seeded: the reference and each K sample from the same streams
+        params["sampling_seed"] = 0
     t0 = time.perf_counter()
     outs, walls = {}, {}
     with Engine(model_path=model_path, random_seed=0, log_level="warning", **kw) as engine:
@@ -266,12 +282,15 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         t0 = time.perf_counter()
         spec = {}
+        kw = extra
         if key != "off":
             spec = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": int(key)}
             if args.draft_path:
                 spec["speculative_draft_model_path"] = args.draft_path
+        else:  # the reference runs without speculation: its engine takes no speculative_* args
+            kw = {k: v for k, v in extra.items() if not k.startswith("speculative_")}
         outs, walls, result["startup_s"][key] = run_engine(
-            args.model_path, inputs, args.max_new_tokens, **extra, **spec
+            args.model_path, inputs, args.max_new_tokens, args.temperature, **kw, **spec
         )
         raw[key] = (outs, walls)
         _refresh(result, raw)

@@ -95,3 +95,20 @@ def test_time_budget_skips_runs(bench, tiny_model_dir, tmp_path):
     assert result["skipped"] == ["3", "off", "1"]
     assert result["results"] == {} and result["mismatches"] is None
     assert "Skipped (time budget): ['3', 'off', '1']" in (tmp_path / "skipped.md").read_text()
+
+
+def test_benchmark_sampled_coupled_keeps_the_reference(bench, tiny_model_dir, tmp_path):
+    """--temperature > 0 samples every request with sampling_seed 0, and speculative_* engine
+    args reach the speculative engines only (the reference would refuse them): with coupled
+    sampling the speculative run commits the reference's tokens. The tiny random draft is
+    almost never accepted, so this checks the plumbing; test_coupled_sampling.py checks the
+    coupling itself with an oracle draft."""
+    draft = make_tiny_eagle3_dir(str(tmp_path / "draft"), tiny_model_dir)
+    out = tmp_path / "eagle3_accept_length_sampled.json"
+    argv = ["--model-path", tiny_model_dir, "--draft-path", draft, "--k", "2"]
+    argv += ["--datasets", "mtbench", "--num-prompts", "2", "--max-new-tokens", str(MAX_NEW)]
+    argv += ["--temperature", "0.8", "--engine-arg", "speculative_coupled_sampling=true"]
+    result = bench.main([*argv, "--output", str(out)])
+    r = result["results"]["2"]["mtbench"]
+    assert result["mismatches"] == 0 and r["mismatches"] == 0
+    assert sum(r["accept_histogram"]) > 0  # it did verify drafts
