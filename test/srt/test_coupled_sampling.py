@@ -13,10 +13,9 @@ import json
 import random
 
 import pytest
-import torch
 
 from sglang.srt.speculative.adaptive.policy import GoodputPolicy
-from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+from sglang.test.oracle_draft import install_oracle_pick
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
@@ -57,21 +56,7 @@ def plain(tiny_model_dir) -> dict:
 
 @pytest.fixture
 def oracle(monkeypatch, plain) -> None:
-    def pick(self, logits, active, step, info, q_rows):
-        seeds = info.seeds[active].tolist()
-        pos = (info.random_positions[active] + (step - 1)).tolist()
-        toks = []
-        for s, p in zip(seeds, pos, strict=True):
-            ref = plain[s]
-            t = ref[p] if p < len(ref) else 0
-            toks.append(t if p % 3 != 2 else (t + 1) % self.vocab_size)
-        tok = torch.tensor(toks, dtype=torch.int64, device=logits.device)
-        q = torch.nn.functional.one_hot(tok, self.vocab_size).float()
-        for k, i in enumerate(active):
-            q_rows[i].append(q[k])
-        return tok
-
-    monkeypatch.setattr(EAGLEWorkerV2, "_pick", pick)
+    install_oracle_pick(monkeypatch, plain, wrong_every=3)
 
 
 def _spec(draft_dir: str, **kw) -> dict:

@@ -14,6 +14,7 @@ import torch
 from sglang.srt.managers.io_struct import BatchStrOut, TokenizedGenerateReqInput
 from sglang.srt.managers.request_validation import build_sampling_params
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+from sglang.test.oracle_draft import install_oracle_pick
 from sglang.test.scheduler_utils import make_scheduler
 
 N = 6
@@ -105,34 +106,13 @@ def plain(tiny_model_dir, stops) -> dict:
     return outs
 
 
-def _oracle(monkeypatch, plain, wrong_every: int | None) -> None:
-    by_seed = {2000 + i: plain[f"r{i}"]["ids"] for i in range(N)}
-
-    def pick(self, logits, active, step, info, q_rows):
-        seeds = info.seeds[active].tolist()
-        pos = (info.random_positions[active] + (step - 1)).tolist()
-        toks = []
-        for s, p in zip(seeds, pos, strict=True):
-            ref = by_seed[s]
-            t = ref[p] if p < len(ref) else 0
-            if wrong_every is not None and p % wrong_every == wrong_every - 1:
-                t = (t + 1) % self.vocab_size
-            toks.append(t)
-        tok = torch.tensor(toks, dtype=torch.int64, device=logits.device)
-        q = torch.nn.functional.one_hot(tok, self.vocab_size).float()
-        for k, i in enumerate(active):
-            q_rows[i].append(q[k])
-        return tok
-
-    monkeypatch.setattr(EAGLEWorkerV2, "_pick", pick)
-
-
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("wrong_every", [3, None])
 def test_coupled_edges_commit_plain(
     tiny_model_dir, draft_dir, plain, stops, monkeypatch, overlap, wrong_every
 ):
-    _oracle(monkeypatch, plain, wrong_every)
+    by_seed = {2000 + i: plain[f"r{i}"]["ids"] for i in range(N)}
+    install_oracle_pick(monkeypatch, by_seed, wrong_every)
     outs, state = _run(
         tiny_model_dir,
         stops,
