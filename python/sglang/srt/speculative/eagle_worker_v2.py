@@ -334,7 +334,7 @@ class EAGLEWorkerV2:
         # greedy verification: the fused kernel reads each request's first row and d_i; the
         # torch path reads gather lists built here
         fused = info.is_all_greedy and greedy_fused_applies(self.device)
-        if not info.is_all_greedy:
+        if not (info.is_all_greedy or self.coupled):  # coupled: greedy against sampled ids
             greedy = ()
         else:
             greedy = ([*starts],) if fused else greedy_rows(d)
@@ -349,7 +349,7 @@ class EAGLEWorkerV2:
 
         if info.is_all_greedy and not info.has_logits_processors:
             return self._collect(
-                mwb, logits, self._verify_greedy(logits, ids, d_t, lay, d, fused), starts
+                mwb, logits, self._verify_greedy(logits.argmax(-1), ids, d_t, lay, d, fused), starts
             )
         host_drafts = None
         if info.reads_output_ids:  # penalties count the drafts: they must come to the host
@@ -357,7 +357,7 @@ class EAGLEWorkerV2:
         rows_info = info.expand([1 + x for x in d], host_drafts)
         processed = rows_info.apply_logits_processors(logits)
         if info.is_all_greedy:
-            both = self._verify_greedy(processed, ids, d_t, lay, d, fused)
+            both = self._verify_greedy(processed.argmax(-1), ids, d_t, lay, d, fused)
         elif self.coupled:
             # Coupled verification: each row's token is what the plain sampler draws at that
             # output position (rows_info: the drafts before it count as generated), and a
@@ -365,8 +365,7 @@ class EAGLEWorkerV2:
             # sampling's whatever the draft lengths were. Greedy verification against those
             # tokens does exactly this (greedy rows: their argmax, as in the plain sampler).
             picked = Sampler._sample(processed, rows_info)  # [R] int64
-            gather = int64_to_device(list(greedy_rows(d)), self.device)
-            both = packed_result(verify_greedy_rows(picked, ids, *gather, max(d) + 1))
+            both = self._verify_greedy(picked, ids, d_t, lay, d, fused)
         else:
             p = sampling_probs(processed, rows_info)
             u = uniform_noise(rows_info.seeds, rows_info.random_positions, 1, STREAM_SPEC_ACCEPT)
@@ -381,15 +380,16 @@ class EAGLEWorkerV2:
         return self._collect(mwb, logits, both, starts)
 
     @staticmethod
-    def _verify_greedy(logits, ids, d_t, lay, d: list[int], fused: bool) -> torch.Tensor:
-        """Greedy verification of the step's [R, V] logits: [bs, 1 + max d + 1] int64 (accept
+    def _verify_greedy(target, ids, d_t, lay, d: list[int], fused: bool) -> torch.Tensor:
+        """Greedy verification against the step's [R] int64 target ids (each row's argmax, or
+        with coupled sampling the plain sampler's draw): [bs, 1 + max d + 1] int64 (accept
         lengths, output ids). lay: what int64_to_device moved for it (fused: each request's
         first verify row; else greedy_rows' three lists)."""
         if fused:  # imports triton: only on this path
             from sglang.srt.layers.triton_kernels.verify import verify_greedy_fused
 
-            return verify_greedy_fused(logits.argmax(-1), ids, lay[0], d_t, max(d) + 1)
-        return packed_result(verify_greedy_rows(logits.argmax(-1), ids, *lay, max(d) + 1))
+            return verify_greedy_fused(target, ids, lay[0], d_t, max(d) + 1)
+        return packed_result(verify_greedy_rows(target, ids, *lay, max(d) + 1))
 
     def _collect(self, mwb, logits, both, starts) -> GenerationBatchResult:
         """both: [bs, 1 + max_d + 1] int64 device (num_accepted, output ids), read back in one
