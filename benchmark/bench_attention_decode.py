@@ -20,6 +20,13 @@ device indptrs, failed on the H200 with "operation not supported on global/share
 space"). Whether a batch-1 graph without the split pays at short contexts and what
 it costs at long ones decides between one decode graph per batch size and two (short and
 long context).
+
+With --triton, our Triton decode kernels on the same KV (the backend's own split rules):
+`triton_grouped_us` (one program per request, KV head and split for the whole GQA group,
+triton_ops/decode_grouped.py) and `triton_per_head_us` (one program per query head), and,
+for each method, `*_layers_us`: wall time per call of a CUDA graph holding --layers calls back
+to back (CUDA events around 20 replays), as a model's decode graph runs one per layer, so
+launch gaps between a method's kernels count too (FlashInfer: the graph wrapper, planned once).
 """
 
 from __future__ import annotations
@@ -76,6 +83,49 @@ def _capture(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     return graph, out
 
 
+def _layers_us(fn, layers: int, replays: int = 20) -> float:
+    """Wall us per fn() call of a CUDA graph holding `layers` calls of fn, timed with CUDA
+    events over `replays` replays (after one warm-up replay)."""
+    graph, _ = _capture(lambda: [fn() for _ in range(layers)])
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * layers)
+
+
+def _triton_rows(row, outs, q, k, v, indices, bs, seq, layers) -> None:
+    """Triton grouped and per-head decode on the benchmark's KV: kernel us, layers us, output."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.layers.attention.triton_ops.decode_attention import (
+        alloc_decode_partials,
+        decode_attention_fwd,
+    )
+
+    nq, nkv, d = q.shape[1], k.shape[1], q.shape[2]
+    r2t = indices.view(bs, seq)
+    pools = torch.arange(bs, device=q.device)
+    lens = torch.full((bs,), seq, device=q.device)
+    for grouped in (True, False):
+        name = "triton_grouped" if grouped else "triton_per_head"
+        backend = TritonAttnBackend(grouped_decode=grouped)
+        splits = backend.decode_num_splits(bs, nq, seq, nkv)
+        partials = alloc_decode_partials(bs, nq, d, splits, q.device) if splits > 1 else None
+        out = torch.empty_like(q)
+        fn = partial(
+            decode_attention_fwd, q, k, v, out, r2t, pools, lens, d**-0.5,
+            num_splits=splits, partials=partials, grouped=grouped,
+        )  # fmt: skip
+        fn()
+        outs[name] = out
+        row[f"{name}_splits"] = splits
+        row[f"{name}_us"] = kernel_us(fn)
+        row[f"{name}_layers_us"] = _layers_us(fn, layers)
+
+
 def main() -> None:
     import flashinfer
 
@@ -84,6 +134,8 @@ def main() -> None:
     p.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--heads", type=int, nargs=3, default=[32, 8, 128], help="qo kv head_dim")
     p.add_argument("--graph", action="store_true", help="also the CUDA-graph plans")
+    p.add_argument("--triton", action="store_true", help="also our Triton decode kernels")
+    p.add_argument("--layers", type=int, default=32, help="calls per graph of *_layers_us")
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
     nq, nkv, d = a.heads
@@ -121,6 +173,10 @@ def main() -> None:
                        kv_data_type=torch.bfloat16, disable_split_kv=nosplit)  # fmt: skip
                 graph, outs[name] = _capture(partial(w.run, q, cache))
                 row[f"{name}_us"] = kernel_us(graph.replay)
+                if a.triton:
+                    row[f"{name}_layers_us"] = _layers_us(partial(w.run, q, cache), a.layers)
+            if a.triton:
+                _triton_rows(row, outs, q, k, v, indices, bs, seq, a.layers)
             row["max_abs_diff"] = max(
                 (o.float() - outs[True].float()).abs().max().item() for o in outs.values()
             )

@@ -314,9 +314,10 @@ def test_triton_verify_is_on_by_default_under_flashinfer(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter: CPU machines")
 def test_triton_verify_backend_equals_eager_cpu(tiny_model_dir):
-    """Verify buckets of bs <= verify_backend_max_bs capture the verify backend (here Triton,
-    through the interpreter, under a torch_native runner), every other bucket the runner's;
-    decode and ragged verify replays in both kinds of bucket equal the eager forward. (With
+    """Verify buckets of bs <= verify_backend_max_bs and decode buckets of bs <=
+    decode_backend_max_bs capture the verify backend (here Triton, through the interpreter,
+    under a torch_native runner), every other bucket the runner's; decode and ragged verify
+    replays in both kinds of bucket equal the eager forward. (With
     CUDA present Triton compiles for the GPU and cannot take these CPU tensors; the GPU
     version is the test below.)"""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -327,14 +328,41 @@ def test_triton_verify_backend_equals_eager_cpu(tiny_model_dir):
     mode = CaptureHiddenMode.LAST
     graphs = CudaGraphRunner(
         runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], use_graphs=False,
-        verify_backend=triton, verify_backend_max_bs=4,
+        verify_backend=triton, verify_backend_max_bs=4, decode_backend_max_bs=2,
     )  # fmt: skip
     assert graphs.backend_of(GraphKey(4, 8)) is triton
     assert graphs.backend_of(GraphKey(1, 4)) is triton
     assert graphs.batches[GraphKey(4, 8)].attn_backend is triton
-    assert graphs.backend_of(GraphKey(4, 4)) is runner.attn_backend  # decode
+    assert graphs.backend_of(GraphKey(2, 2)) is triton  # decode, bs 2 <= 2
+    assert graphs.backend_of(GraphKey(4, 4)) is runner.attn_backend  # decode, bs 4 > 2
     assert graphs.backend_of(GraphKey(8, 16)) is runner.attn_backend  # bs 8 > 4
     check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
+
+
+def test_triton_decode_graph_max_bs(monkeypatch):
+    """ModelRunner.triton_decode_graph_max_bs: SGLANG_TRITON_DECODE_GRAPH_MAX_BS (default
+    TRITON_DECODE_GRAPH_MAX_BS) under a FlashInfer target, 0 for another backend or a head size
+    Triton does not take; a value that is not a non-negative integer is a ValueError naming
+    the variable."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor import model_runner as mr
+
+    runner = SimpleNamespace(
+        attention_backend_name="flashinfer", model_config=SimpleNamespace(head_dim=128)
+    )
+    pick = mr.ModelRunner.triton_decode_graph_max_bs
+    monkeypatch.delenv("SGLANG_TRITON_DECODE_GRAPH_MAX_BS", raising=False)
+    assert pick(runner) == mr.TRITON_DECODE_GRAPH_MAX_BS
+    monkeypatch.setenv("SGLANG_TRITON_DECODE_GRAPH_MAX_BS", "16")
+    assert pick(runner) == 16
+    assert pick(SimpleNamespace(**{**vars(runner), "attention_backend_name": "triton"})) == 0
+    other_head = SimpleNamespace(**{**vars(runner), "model_config": SimpleNamespace(head_dim=96)})
+    assert pick(other_head) == 0
+    for bad in ("-1", "eight", "1.5"):
+        monkeypatch.setenv("SGLANG_TRITON_DECODE_GRAPH_MAX_BS", bad)
+        with pytest.raises(ValueError, match="SGLANG_TRITON_DECODE_GRAPH_MAX_BS"):
+            pick(runner)
 
 
 def _verify_step_logits(runner, run) -> list[torch.Tensor]:
@@ -399,6 +427,70 @@ def test_triton_verify_under_flashinfer_is_as_close_as_flashinfer(tmp_path, monk
         err_triton = (t - r).abs().max().item()
         scale = r.abs().max().item()
         assert err_triton <= 2 * err_flashinfer + 1e-3, (step, err_triton, err_flashinfer, scale)
+
+
+# Decode steps over prefill_verify_prompts' five requests: bs 3 in the bs-4 graph (1 pad),
+# 5 in 8, 1, 2, then 5 again (KV grows by one token per step and request).
+DECODE_STEPS = [
+    ([0, 1, 2], [[11], [12], [13]]),
+    ([0, 1, 2, 3, 4], [[21], [22], [23], [24], [25]]),
+    ([4], [[31]]),
+    ([1, 3], [[41], [42]]),
+    ([0, 1, 2, 3, 4], [[51], [52], [53], [54], [55]]),
+]
+
+
+@pytest.mark.gpu
+@gpu
+def test_triton_decode_graphs_under_flashinfer_are_as_close_as_flashinfer(tmp_path, monkeypatch):
+    """A FlashInfer target (bf16, head_dim 128, GQA group 4 as in Llama-3.1-8B) on CUDA with
+    SGLANG_TRITON_DECODE_GRAPH_MAX_BS=4: its decode graphs of bs 1, 2, 4 capture Triton
+    attention (the grouped split-K decode), bs 8 keeps FlashInfer. Both held against an fp32
+    torch_native reference of the same weights, as in the verify test above: each replay's
+    largest logit error may be at most twice FlashInfer's own eager forward's (+ 1e-3)."""
+    pytest.importorskip("flashinfer")
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    monkeypatch.setenv("SGLANG_TRITON_DECODE_GRAPH_MAX_BS", "4")
+    model_dir = make_tiny_model_dir(str(tmp_path), hidden=512, heads=4, kv_heads=1, weight_std=0.05)
+    kw = dict(device="cuda", max_total_tokens=4096, disable_cuda_graph=True)
+
+    def step_logits(runner, run) -> list[torch.Tensor]:
+        reqs = prefill_verify_prompts(runner)
+        return [
+            run(reqs.batch(idx, new, ForwardMode.DECODE)).float().clone()
+            for idx, new in DECODE_STEPS
+        ]
+
+    ref_runner = make_scheduler(
+        model_dir, dtype="float32", attention_backend="torch_native", **kw
+    ).tp_worker.model_runner
+    ref = step_logits(
+        ref_runner, lambda mwb: ref_runner.forward_worker_batch(mwb).next_token_logits
+    )
+    runner = make_scheduler(
+        model_dir, dtype="bfloat16", attention_backend="flashinfer", **kw
+    ).tp_worker.model_runner
+    assert runner.triton_decode_graph_max_bs() == 4
+    mode = CaptureHiddenMode.NULL
+    graphs = CudaGraphRunner(
+        runner, mode, max_extend_len=1, batch_sizes=[1, 2, 4, 8],
+        verify_backend=TritonAttnBackend(runner), decode_backend_max_bs=4,
+    )  # fmt: skip
+    assert isinstance(graphs.batches[GraphKey(4, 4)].attn_backend, TritonAttnBackend)
+    assert graphs.backend_of(GraphKey(8, 8)) is runner.attn_backend
+    pairs = []
+
+    def both(mwb):
+        eager = runner.forward_worker_batch(mwb).next_token_logits.float().clone()
+        pairs.append(eager)
+        return graphs.replay(mwb).next_token_logits
+
+    replayed = step_logits(runner, both)
+    for step, (r, e, t) in enumerate(zip(ref, pairs, replayed, strict=True)):
+        err_flashinfer = (e - r).abs().max().item()
+        err_triton = (t - r).abs().max().item()
+        assert err_triton <= 2 * err_flashinfer + 1e-3, (step, err_triton, err_flashinfer)
 
 
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])

@@ -26,6 +26,7 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (  # noqa: E
     alloc_decode_partials,
     decode_attention_fwd,
 )
+from sglang.srt.layers.attention.triton_ops.decode_grouped import MAX_SPLITS  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
@@ -231,7 +232,8 @@ def test_split_decode_matches_reference(num_splits, hkv):
     assert set(fb.attn_metadata.decode_partials) == want
 
 
-def test_split_decode_writes_every_split():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_split_decode_writes_every_split(grouped):
     # Scratch starts as NaN, so a split the kernel skipped would poison the output. KV lengths
     # 7, 200, 1 with BLOCK_N 16 and 3 splits: chunks of 16, 80 (3 full splits), 16 tokens.
     h, hkv, d = 2, 1, 16
@@ -246,7 +248,7 @@ def test_split_decode_writes_every_split():
     out = torch.zeros(3, h, d, device=DEVICE)
     args = (q.view(3, h, d), pool.k_buffer[0], pool.v_buffer[0], out, r2t)
     args += (fb.req_pool_indices, fb.seq_lens, d**-0.5)
-    decode_attention_fwd(*args, block_n=16, num_splits=3, partials=(mid_o, mid_ml))
+    decode_attention_fwd(*args, block_n=16, num_splits=3, partials=(mid_o, mid_ml), grouped=grouped)
     torch.testing.assert_close(out.view(3, h * d), expected, atol=1e-4, rtol=1e-4)
     empty = torch.tensor([[0, 1, 1], [0, 0, 0], [0, 1, 1]], dtype=torch.bool, device=DEVICE)
     empty = empty[:, None, :].expand(3, h, 3)
@@ -260,7 +262,7 @@ def test_split_decode_writes_every_split():
 
 
 def test_decode_num_splits_rule():
-    backend = TritonAttnBackend()
+    backend = TritonAttnBackend(grouped_decode=False)
     backend.num_sms = 132  # H200
     assert DECODE_SPLITS == 8
     assert backend.decode_num_splits(1, 32, 8200) == 8
@@ -273,17 +275,62 @@ def test_decode_num_splits_rule():
     assert TritonAttnBackend(decode_num_splits=3).decode_num_splits(256, 64, 16) == 3
 
 
+def test_grouped_decode_num_splits_rule(monkeypatch):
+    backend = TritonAttnBackend()  # grouped by default
+    assert backend.grouped_decode
+    backend.num_sms = 132  # H200: 264 programs wanted
+    assert MAX_SPLITS == 32
+    assert backend.decode_num_splits(1, 32, 16, num_kv_heads=8) == 32  # 8B heads, batch 1
+    assert backend.decode_num_splits(4, 32, 16, num_kv_heads=8) == 8  # 264 // 32
+    assert backend.decode_num_splits(16, 32, 16, num_kv_heads=8) == 2
+    assert backend.decode_num_splits(33, 32, 16, num_kv_heads=8) == 1  # 264 programs already
+    assert backend.decode_num_splits(1, 9, 16, num_kv_heads=3) == 32  # SmolLM2: 264 // 3 capped
+    assert backend.decode_num_splits(8, 9, 16, num_kv_heads=3) == 11
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        backend.decode_num_splits(1, 32, 16)
+    backend.num_sms = None  # not on CUDA
+    assert backend.decode_num_splits(1, 32, 16, num_kv_heads=8) == 1
+    monkeypatch.setenv("SGLANG_TRITON_DECODE_GROUPED", "0")
+    assert not TritonAttnBackend().grouped_decode
+
+
+# GQA groups 1, 3, 4, 8 (BLOCK_H 16) and 32 (BLOCK_H 32); one pass and split-K.
+@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("h,hkv", [(2, 2), (6, 2), (8, 2), (16, 2), (32, 1)])
+def test_grouped_decode_equals_per_head_decode(h, hkv, num_splits):
+    fb, layer, (q, k, v), expected = make_case(
+        30 + h, decode=True, h=h, hkv=hkv, d=16, prefix=[0, 40, 129, 7], device=DEVICE
+    )
+    pool, r2t = fb.token_to_kv_pool, fb.req_to_token_pool.req_to_token
+    pool.set_kv_buffer(0, fb.out_cache_loc, k.view(-1, hkv, 16), v.view(-1, hkv, 16))
+    outs = {}
+    for grouped in (False, True):
+        out = torch.full((4, h, 16), float("nan"), device=DEVICE)
+        args = (q.view(4, h, 16), pool.k_buffer[0], pool.v_buffer[0], out, r2t)
+        args += (fb.req_pool_indices, fb.seq_lens, 16**-0.5)
+        decode_attention_fwd(*args, num_splits=num_splits, grouped=grouped)
+        outs[grouped] = out.view(4, h * 16)
+        torch.testing.assert_close(outs[grouped], expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("d", [64, 128])
-def test_cuda_bf16_split_decode_matches_reference(d):
-    prefix = [3999, 0, 1499, 3999]  # KV lengths 4000, 1, 1500, 4000
-    case = dict(decode=True, h=32, hkv=8, d=d, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("d,h,hkv", [(64, 32, 8), (128, 32, 8), (64, 9, 3)])
+def test_cuda_bf16_split_decode_matches_reference(d, h, hkv, grouped, monkeypatch):
+    # 8B heads at head_dim 64 and 128, and SmolLM2's (9 query heads over 3 KV heads)
+    monkeypatch.setenv("SGLANG_TRITON_DECODE_GROUPED", str(int(grouped)))
+    prefix = [3999, 0, 1499, 3999, 300]  # KV lengths 4000, 1, 1500, 4000, 301
+    case = dict(decode=True, h=h, hkv=hkv, d=d, dtype=torch.bfloat16, device="cuda")
     fb, layer, qkv, expected = make_case(5, prefix=prefix, **case)
     backend = TritonAttnBackend()
-    if backend.num_sms >= 64:  # the rule picks split-K for this shape (4 * 32 < 2 * SMs)
-        assert backend.decode_num_splits(4, 32, fb.req_to_token_pool.req_to_token.shape[1]) == 8
-    out = run_backend(fb, layer, qkv, decode_num_splits=8)
+    width = fb.req_to_token_pool.req_to_token.shape[1]
+    if backend.num_sms >= 64 and not grouped:  # split-K for this shape (5 * 32 < 2 * SMs)
+        assert backend.decode_num_splits(5, h, width) == 8
+    if grouped:  # the rule's own count: 2 * SMs // (5 * hkv) programs, up to 32
+        assert backend.decode_num_splits(5, h, width, hkv) > 1
+    out = run_backend(fb, layer, qkv)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
     fb, layer, qkv, _ = make_case(5, prefix=prefix, **case)
@@ -293,14 +340,15 @@ def test_cuda_bf16_split_decode_matches_reference(d):
 
 @pytest.mark.gpu
 @gpu
-def test_cuda_graph_split_decode_replays_new_lengths():
-    # Captured once with 8 splits; replays with other KV lengths (other split boundaries, more
-    # empty splits) read the same persistent metadata and scratch.
+@pytest.mark.parametrize("grouped,splits", [(False, 8), (True, 8), (True, 32)])
+def test_cuda_graph_split_decode_replays_new_lengths(grouped, splits):
+    # Captured once with 8 (32) splits; replays with other KV lengths (other split boundaries,
+    # more empty splits) read the same persistent metadata and scratch.
     h, hkv, d = 32, 8, 128
     fb, layer, (q, k, v), expected = make_case(
         6, True, h=h, hkv=hkv, d=d, dtype=torch.bfloat16, device="cuda", prefix=[3999, 9, 2047]
     )
-    backend = TritonAttnBackend(decode_num_splits=8)
+    backend = TritonAttnBackend(decode_num_splits=splits, grouped_decode=grouped)
     fb.attn_backend = backend
     backend.init_forward_metadata_capture_cuda_graph(fb, 1)
     stream = torch.cuda.Stream()

@@ -67,7 +67,8 @@ class CudaGraphRunner:
     capture; default: the model runner's), full_token_buckets_only (one graph per bs bucket b,
     of b * max_extend_len tokens, instead of one per token bucket), verify_backend (an
     attention backend for the verify buckets, more tokens than requests, of bs up to
-    verify_backend_max_bs; decode and prefill buckets keep `backend`).
+    verify_backend_max_bs, and for the decode buckets, one token per request, of bs up to
+    decode_backend_max_bs; other decode and prefill buckets keep `backend`).
     """
 
     def __init__(
@@ -82,12 +83,14 @@ class CudaGraphRunner:
         full_token_buckets_only: bool = False,
         verify_backend=None,
         verify_backend_max_bs: int = 0,
+        decode_backend_max_bs: int = 0,
     ) -> None:
         self.runner = model_runner
         self.model = model_runner.model
         self.backend = backend if backend is not None else model_runner.attn_backend
         self.verify_backend = verify_backend
         self.verify_backend_max_bs = verify_backend_max_bs if verify_backend is not None else 0
+        self.decode_backend_max_bs = decode_backend_max_bs if verify_backend is not None else 0
         self.device = model_runner.device
         self.capture_hidden_mode = capture_hidden_mode
         self.max_extend_len = max_extend_len
@@ -147,13 +150,14 @@ class CudaGraphRunner:
 
     def backend_of(self, key: GraphKey):
         """The attention backend key's graph captures: verify_backend for a verify bucket
-        (more tokens than requests, not a prefill bucket) of bs <= verify_backend_max_bs,
-        else the runner's backend."""
-        if (
-            key.bs <= self.verify_backend_max_bs
-            and key.num_tokens > key.bs
-            and not self.is_prefill_key(key)
-        ):
+        (more tokens than requests, not a prefill bucket) of bs <= verify_backend_max_bs and
+        for a decode bucket (one token per request) of bs <= decode_backend_max_bs, else the
+        runner's backend."""
+        if self.is_prefill_key(key):
+            return self.backend
+        if key.num_tokens > key.bs and key.bs <= self.verify_backend_max_bs:
+            return self.verify_backend
+        if key.num_tokens == key.bs and key.bs <= self.decode_backend_max_bs:
             return self.verify_backend
         return self.backend
 

@@ -34,6 +34,9 @@ from sglang.srt.utils.h2d import int64_to_device
 # (ModelRunner.triton_verify_backend): beyond it the host plan is spread over many requests,
 # and drafting rarely pays there.
 TRITON_VERIFY_MAX_BS = 32
+# Default of SGLANG_TRITON_DECODE_GRAPH_MAX_BS (ModelRunner.triton_decode_graph_max_bs): decode
+# graphs of bs buckets up to it use Triton attention under a FlashInfer target.
+TRITON_DECODE_GRAPH_MAX_BS = 0
 
 logger = logging.getLogger(__name__)
 
@@ -164,15 +167,51 @@ class ModelRunner:
             )
             return
         sizes = graph_batch_sizes(sa.cuda_graph_bs, sa.cuda_graph_max_bs, sa.max_running_requests)
+        triton = self.triton_verify_backend(max_extend_len)
+        decode_max_bs = self.triton_decode_graph_max_bs()
+        if triton is None and decode_max_bs > 0:
+            from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+            triton = TritonAttnBackend(self)
         self.cuda_graph_runner = CudaGraphRunner(
             self,
             capture_hidden_mode,
             max_extend_len,
             sizes,
             prefill_max_tokens=sa.cuda_graph_prefill_max_tokens or 0,  # None: not resolved
-            verify_backend=self.triton_verify_backend(max_extend_len),
-            verify_backend_max_bs=TRITON_VERIFY_MAX_BS,
+            verify_backend=triton,
+            verify_backend_max_bs=TRITON_VERIFY_MAX_BS if max_extend_len > 1 else 0,
+            decode_backend_max_bs=decode_max_bs,
         )
+
+    def triton_decode_graph_max_bs(self) -> int:
+        """Largest bs bucket whose decode graphs capture Triton attention (the GQA-grouped
+        split-K kernel, triton_ops/decode_grouped.py) when the target runs FlashInfer:
+        SGLANG_TRITON_DECODE_GRAPH_MAX_BS (default TRITON_DECODE_GRAPH_MAX_BS); 0 for another
+        backend or a head size the Triton kernels do not take. Raises ValueError on a value
+        that is not a non-negative integer.
+
+        Why: FlashInfer plans its decode wrapper on the host before every replay, and at batch
+        1 of the Llama-3.1-8B shape its tensor-core decode took 8.7 + 2.3 us per layer on the
+        H200 (prefill kernel + merge, ~300 tokens of context), while the Triton kernels read
+        seq_lens and req_to_token on the device (no plan) in one or two kernels. Both read and
+        write the same paged KV pool."""
+        from sglang.srt.layers.attention.triton_backend import head_dim_supported
+
+        raw = env_flag("TRITON_DECODE_GRAPH_MAX_BS", str(TRITON_DECODE_GRAPH_MAX_BS))
+        try:
+            max_bs = int(raw)
+        except ValueError:
+            max_bs = -1
+        if max_bs < 0:
+            raise ValueError(
+                f"SGLANG_TRITON_DECODE_GRAPH_MAX_BS must be a non-negative integer, got {raw!r}"
+            )
+        if self.attention_backend_name != "flashinfer":
+            return 0
+        if not head_dim_supported(self.model_config.head_dim):
+            return 0
+        return max_bs
 
     def triton_verify_backend(self, max_extend_len: int):
         """The Triton attention backend for the verify graphs of small batches when the target

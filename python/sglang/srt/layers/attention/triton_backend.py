@@ -5,11 +5,15 @@ torch_native_backend.attention_reference: request i's queries sit at positions
 [extend_prefix_lens[i], seq_lens[i]) and each attends causally to its request's keys.
 On CPU the kernels run only under the Triton interpreter (TRITON_INTERPRET=1, slow; tests).
 
-Split-K decode (TritonAttnBackend.decode_num_splits): a decode step over bs requests with H
-query heads uses DECODE_SPLITS (8) KV splits per (request, head) when the KV pool's
-req_to_token rows hold at least SPLIT_MIN_CONTEXT (2048) tokens and bs * H < 2 * (number of
-SMs), else 1. All inputs are static per CUDA graph (bs is the graph's batch bucket, the row
-width is the model's context length + 8), never the step's actual lengths. Off on CPU.
+Decode schedule (TritonAttnBackend.grouped_decode): by default one program per (request, KV
+head, split) for the whole GQA group (triton_ops/decode_grouped.py), with
+grouped_decode_num_splits(bs, Hkv, SMs) splits (up to 32; a split holds at least 32 keys of
+the request's own length, so short contexts leave splits empty). SGLANG_TRITON_DECODE_GROUPED=0
+selects the per-head kernels: one program per (request, query head), split-K
+(decode_num_splits) with DECODE_SPLITS (8) splits when the KV pool's req_to_token rows hold at
+least SPLIT_MIN_CONTEXT (2048) tokens and bs * H < 2 * (number of SMs), else 1. All inputs of
+either rule are static per CUDA graph (bs is the graph's batch bucket, the row width is the
+model's context length + 8), never the step's actual lengths. Off on CPU.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (
     alloc_decode_partials,
     decode_attention_fwd,
 )
+from sglang.srt.layers.attention.triton_ops.decode_grouped import grouped_decode_num_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from sglang.srt.server_args import env_flag
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -76,14 +82,24 @@ class TritonAttnBackend(AttentionBackend):
     decode), no per-request loops.
 
     decode_num_splits: force the decode split count (tests); None applies the module's rule.
+    grouped_decode: the GQA-grouped decode kernel (default: on unless
+    SGLANG_TRITON_DECODE_GROUPED=0) or the per-head one.
     Raises ValueError on a CPU model runner unless TRITON_INTERPRET=1 is set.
     """
 
     saves_kv_through_pool = True  # forward: pool.set_kv_buffer, then reads the pool
 
-    def __init__(self, model_runner=None, decode_num_splits: int | None = None) -> None:
+    def __init__(
+        self,
+        model_runner=None,
+        decode_num_splits: int | None = None,
+        grouped_decode: bool | None = None,
+    ) -> None:
         self.model_runner = model_runner
         self.forced_decode_splits = decode_num_splits
+        if grouped_decode is None:
+            grouped_decode = env_flag("TRITON_DECODE_GROUPED", "1") != "0"
+        self.grouped_decode = grouped_decode
         device = getattr(model_runner, "device", None)
         check_backend_device("triton", device)
         if device is None and torch.cuda.is_available():
@@ -92,13 +108,21 @@ class TritonAttnBackend(AttentionBackend):
         if device is not None and torch.device(device).type == "cuda":
             self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
 
-    def decode_num_splits(self, bs: int, num_heads: int, max_context_len: int) -> int:
+    def decode_num_splits(
+        self, bs: int, num_heads: int, max_context_len: int, num_kv_heads: int | None = None
+    ) -> int:
         """KV splits for a decode step of bs requests and num_heads query heads over a
-        req_to_token of max_context_len columns: the forced value if given, else DECODE_SPLITS
-        when max_context_len >= SPLIT_MIN_CONTEXT and bs * num_heads < 2 * SMs, else 1.
-        Depends only on static shapes, so it is fixed per CUDA graph."""
+        req_to_token of max_context_len columns: the forced value if given; with the grouped
+        kernel grouped_decode_num_splits(bs, num_kv_heads, SMs) (num_kv_heads required:
+        ValueError without it); else DECODE_SPLITS when max_context_len >= SPLIT_MIN_CONTEXT
+        and bs * num_heads < 2 * SMs, else 1. Depends only on static shapes, so it is fixed
+        per CUDA graph."""
         if self.forced_decode_splits is not None:
             return self.forced_decode_splits
+        if self.grouped_decode:
+            if num_kv_heads is None:
+                raise ValueError("the grouped decode split rule needs num_kv_heads")
+            return grouped_decode_num_splits(bs, num_kv_heads, self.num_sms)
         if self.num_sms is None or max_context_len < SPLIT_MIN_CONTEXT:
             return 1
         return DECODE_SPLITS if bs * num_heads < 2 * self.num_sms else 1
@@ -164,13 +188,14 @@ class TritonAttnBackend(AttentionBackend):
         k_buf = pool.get_key_buffer(layer.layer_id)
         v_buf = pool.get_value_buffer(layer.layer_id)
         q = q.reshape(-1, h, d)
-        # zeros: rows no request owns (CUDA-graph token padding) stay finite
-        out = torch.zeros_like(q)
         m: TritonMetadata = forward_batch.attn_metadata
+        # the decode kernels write every row (a CUDA-graph pad request attends to slot 0);
+        # extend: zeros, so rows no request owns (CUDA-graph token padding) stay finite
+        out = torch.empty_like(q) if m.is_decode else torch.zeros_like(q)
         r2t = forward_batch.req_to_token_pool.req_to_token
         if m.is_decode:
             bs = q.shape[0]
-            splits = self.decode_num_splits(bs, h, r2t.shape[1])
+            splits = self.decode_num_splits(bs, h, r2t.shape[1], layer.tp_k_head_num)
             partials = None
             if splits > 1:
                 partials = m.decode_partials.get((h, d, splits))
@@ -188,6 +213,7 @@ class TritonAttnBackend(AttentionBackend):
                 layer.scaling,
                 num_splits=splits,
                 partials=partials,
+                grouped=self.grouped_decode,
             )
         else:
             extend_attention_fwd(

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops import token_head_strides
+from sglang.srt.layers.attention.triton_ops.decode_grouped import BLOCK_N as GROUPED_BLOCK_N
+from sglang.srt.layers.attention.triton_ops.decode_grouped import grouped_decode_stage1
 
 
 @triton.jit
@@ -226,9 +228,10 @@ def decode_attention_fwd(
     req_pool_indices: torch.Tensor,  # [bs] int
     seq_lens: torch.Tensor,  # [bs] int, KV length including the current token (>= 1)
     sm_scale: float,
-    block_n: int = 64,
+    block_n: int | None = None,
     num_splits: int = 1,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    grouped: bool = False,
 ) -> None:
     """GQA decode attention; writes `out` (q's dtype) in place. H must be a multiple of Hkv.
 
@@ -236,7 +239,9 @@ def decode_attention_fwd(
     is its scratch from alloc_decode_partials(bs, H, D, num_splits) (allocated here when None;
     pass persistent buffers under CUDA graphs to keep them out of the step). num_splits must be
     a host int fixed per shape (it sets the grid), never derived from the step's seq_lens.
-    Raises ValueError on num_splits < 1 or partials of the wrong shape.
+    grouped: one program per (request, KV head, split) for the whole query group, with
+    tensor-core dots (decode_grouped.py; block_n default 32), instead of one per query head
+    (block_n default 64). Raises ValueError on num_splits < 1 or partials of the wrong shape.
     """
     bs, h, d = q.shape
     if num_splits < 1:
@@ -244,6 +249,12 @@ def decode_attention_fwd(
     if bs == 0:
         return
     hkv = k_buf.shape[1]
+    if block_n is None:
+        block_n = GROUPED_BLOCK_N if grouped else 64
+    if grouped and num_splits == 1:
+        args = (q, k_buf, v_buf, out, None, req_to_token, req_pool_indices, seq_lens)
+        grouped_decode_stage1(*args, sm_scale, 1, block_n)
+        return
     if num_splits == 1:
         _decode_attn_kernel[(bs, h)](
             q,
@@ -275,24 +286,28 @@ def decode_attention_fwd(
             f"partials must be contiguous float32 of shapes {(bs, h, num_splits, d)} and "
             f"{(bs, h, num_splits, 2)}, got {tuple(mid_o.shape)} and {tuple(mid_ml.shape)}"
         )
-    _decode_attn_split_kernel[(bs, h, num_splits)](
-        q,
-        k_buf,
-        v_buf,
-        mid_o,
-        mid_ml,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        sm_scale,
-        *token_head_strides(q, k_buf, v_buf),
-        req_to_token.stride(0),
-        h,
-        GROUP=h // hkv,
-        HEAD_DIM=d,
-        BLOCK_N=block_n,
-        NUM_SPLITS=num_splits,
-    )
+    if grouped:
+        args = (q, k_buf, v_buf, out, partials, req_to_token, req_pool_indices, seq_lens)
+        grouped_decode_stage1(*args, sm_scale, num_splits, block_n)
+    else:
+        _decode_attn_split_kernel[(bs, h, num_splits)](
+            q,
+            k_buf,
+            v_buf,
+            mid_o,
+            mid_ml,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            sm_scale,
+            *token_head_strides(q, k_buf, v_buf),
+            req_to_token.stride(0),
+            h,
+            GROUP=h // hkv,
+            HEAD_DIM=d,
+            BLOCK_N=block_n,
+            NUM_SPLITS=num_splits,
+        )
     _decode_attn_reduce_kernel[(bs, h)](
         mid_o,
         mid_ml,

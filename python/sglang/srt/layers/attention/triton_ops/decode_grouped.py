@@ -1,0 +1,179 @@
+"""GQA-grouped split-K decode attention (one query per request) over the paged KV pool, in Triton.
+
+The per-head kernels of decode_attention.py run one program per (request, query head), so the
+GROUP = H / Hkv query heads that share a KV head each read that head's keys and values: GROUP
+reads of the same K/V (from L2 after the first). Here one program per (request, KV head,
+split) loads the group's GROUP query rows once, padded to BLOCK_H >= 16 rows, and attends with
+two tensor-core dots per BLOCK_N keys: S = Q K^T ([BLOCK_H, BLOCK_N]) and P V ([BLOCK_H, D]),
+an online softmax in float32 between them (flash-decoding, Dao et al. 2023, "Flash-Decoding
+for long-context inference", with the GQA grouping of FlashInfer's tensor-core decode).
+
+Split s of request i covers keys [s * chunk, min((s + 1) * chunk, seq_len)) with chunk =
+cdiv(cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N, from the request's own length on the
+device (so a short request leaves trailing splits empty: they write m = -inf, l = 0,
+acc = 0), and the same merge kernel as the per-head split schedule combines them
+(decode_attention._decode_attn_reduce_kernel). With NUM_SPLITS = 1 the program normalises and
+writes the output itself: one kernel.
+
+Why (issue 6, batch-1 decode of the Llama-3.1-8B shape on the H200): FlashInfer's tensor-core
+decode took 8.7 us (prefill kernel) + 2.3 us (merge) per layer at ~300 tokens of context, where
+one layer's K/V is under 1.6 MB, 0.35 ms of a 4.4 ms step; the graph decode also pays
+FlashInfer's host plan before every replay. The split count is chosen per CUDA graph from
+static shapes (grouped_decode_num_splits), never from the step's lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.attention.triton_ops import token_head_strides
+
+MAX_SPLITS = 32  # most KV splits per (request, KV head)
+BLOCK_N = 32  # keys per tile, and the shortest non-empty split
+
+
+def grouped_decode_num_splits(bs: int, num_kv_heads: int, num_sms: int | None) -> int:
+    """KV splits per (request, KV head) for a decode step of bs requests: enough programs
+    (bs * num_kv_heads * splits) to give every SM two, capped at MAX_SPLITS; 1 once
+    bs * num_kv_heads alone fills that, or off CUDA (num_sms None). Static per CUDA graph:
+    a function of the graph's batch bucket and the model's heads only. Short contexts use
+    fewer splits on the device (a split holds at least BLOCK_N keys); the rest stay empty."""
+    if num_sms is None or bs < 1 or num_kv_heads < 1:
+        return 1
+    programs = bs * num_kv_heads
+    return max(1, min(MAX_SPLITS, (2 * num_sms) // programs))
+
+
+@triton.jit
+def _grouped_decode_kernel(
+    Q,  # [bs, H, D]
+    K_buf,  # [pool_slots, Hkv, D]
+    V_buf,  # [pool_slots, Hkv, D]
+    Out,  # [bs, H, D], written when NUM_SPLITS == 1
+    Mid_o,  # [bs, H, NUM_SPLITS, D] float32, written when NUM_SPLITS > 1
+    Mid_ml,  # [bs, H, NUM_SPLITS, 2] float32 (m, l), written when NUM_SPLITS > 1
+    req_to_token,  # [pool_rows, max_context_len] int32
+    req_pool_indices,  # [bs]
+    seq_lens,  # [bs]
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_r2t,
+    num_heads,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # >= GROUP and >= 16 (a tensor-core dot's M)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = tl.load(seq_lens + b).to(tl.int32)
+    row = tl.load(req_pool_indices + b).to(tl.int64)
+    chunk = tl.cdiv(tl.cdiv(seq, NUM_SPLITS), BLOCK_N) * BLOCK_N  # whole tiles per split
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_valid = offs_g < GROUP
+    heads = kvh * GROUP + offs_g  # [BLOCK_H] query heads of this KV head
+    q = tl.load(
+        Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_valid[:, None],
+        other=0.0,
+    )  # [BLOCK_H, D]
+    r2t_row = req_to_token + row * stride_r2t
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < end
+        slots = tl.load(r2t_row + offs_n, mask=n_valid, other=0).to(tl.int64)
+        k = tl.load(
+            K_buf + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+            mask=n_valid[:, None],
+            other=0.0,
+        )  # [BLOCK_N, D]
+        s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        s = tl.where(n_valid[None, :], s * sm_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile holds >= 1 valid key
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V_buf + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=n_valid[:, None],
+            other=0.0,
+        )  # [BLOCK_N, D]
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32
+        )
+        m_i = m_new
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            Out + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=g_valid[:, None],
+        )
+    else:
+        part = (b.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
+        tl.store(Mid_o + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_valid[:, None])
+        tl.store(Mid_ml + part * 2, m_i, mask=g_valid)
+        tl.store(Mid_ml + part * 2 + 1, l_i, mask=g_valid)
+
+
+def grouped_decode_stage1(
+    q: torch.Tensor,  # [bs, H, D]
+    k_buf: torch.Tensor,  # [pool_slots, Hkv, D]
+    v_buf: torch.Tensor,  # [pool_slots, Hkv, D]
+    out: torch.Tensor,  # [bs, H, D], written when num_splits == 1
+    partials: tuple[torch.Tensor, torch.Tensor] | None,  # (mid_o, mid_ml) when num_splits > 1
+    req_to_token: torch.Tensor,  # [pool_rows, max_context_len] int32
+    req_pool_indices: torch.Tensor,  # [bs] int
+    seq_lens: torch.Tensor,  # [bs] int, >= 1
+    sm_scale: float,
+    num_splits: int,
+    block_n: int = BLOCK_N,
+) -> None:
+    """Launch the grouped kernel over a (bs, Hkv, num_splits) grid. num_splits == 1 writes
+    `out`; otherwise the partials, which decode_attention's reduce kernel merges. Shapes and
+    partials are checked by the caller (decode_attention.decode_attention_fwd)."""
+    bs, h, d = q.shape
+    hkv = k_buf.shape[1]
+    group = h // hkv
+    mid_o, mid_ml = partials if partials is not None else (out, out)  # unused when not split
+    _grouped_decode_kernel[(bs, hkv, num_splits)](
+        q,
+        k_buf,
+        v_buf,
+        out,
+        mid_o,
+        mid_ml,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        sm_scale,
+        *token_head_strides(q, k_buf, v_buf, out),
+        req_to_token.stride(0),
+        h,
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=d,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        # float32 K/V: full-precision dots (no TF32), so fp32 matches the reference to 1e-4
+        DOT_PRECISION="ieee" if k_buf.dtype == torch.float32 else "tf32",
+    )
