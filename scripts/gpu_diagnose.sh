@@ -69,6 +69,17 @@
 #                                    # then paired no_spec / adaptive at c = 64-256 (SmolLM2,
 #                                    # then the 8B pair at 128, 256) with the GC counters
 #                                    # (twenty-first session)
+#   bash scripts/gpu_diagnose.sh GD  # the GQA-grouped Triton decode (twenty-second session): its
+#                                    # GPU tests (and Triton decode graphs under FlashInfer),
+#                                    # bench_attention_decode.py --graph --triton, then the
+#                                    # FlashInfer and Triton caches packed into $OUT
+#   bash scripts/gpu_diagnose.sh GF  # the grouped decode's fused merge: the GPU tests of
+#                                    # attention, graphs, overlap and speculation, the kernel
+#                                    # bench, then the 8B roofline with
+#                                    # SGLANG_TRITON_DECODE_FUSED_MERGE = 1, 0, 1, 0
+#   bash scripts/gpu_diagnose.sh GR  # decode graphs with SGLANG_TRITON_DECODE_GRAPH_MAX_BS =
+#                                    # GR_MAX_BS (default 8) against 0, ABAB: the 8B batch-1
+#                                    # roofline, then SmolLM2 batch-1 and batch-8 steps
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -83,7 +94,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -374,6 +385,68 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     done
     cp "$D"/paired_*.md "$OUT"/ 2>/dev/null
     ;;
+  GD)  # the grouped Triton decode: tests, kernel and per-layer-graph times, caches
+    timeout -k 5 "$(box "${GD_TEST_S:-300}")" python3 -m pytest test/srt/test_triton_attention.py \
+      test/srt/test_cuda_graph_runner.py -k "decode or triton" -q -p no:cacheprovider -rf \
+      --tb=short > "$D/gpu_validate_decode_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -5 "$D/gpu_validate_decode_$TAG.log"
+    cp "$D/gpu_validate_decode_$TAG.log" "$OUT"/
+    timeout -k 5 "$(box 150)" python3 benchmark/bench_attention_decode.py --graph --triton \
+      --batch-sizes 1 4 16 64 --seq-lens 256 1024 4096 \
+      --result-file "$D/attn_decode_triton_$TAG.json" > "$D/attn_decode_triton_$TAG.log" 2>&1
+    echo "attention rc=$? at $(( $(date +%s) - T0 )) s"
+    python3 -c "import json,sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(r['bs'], r['seq_len'], *(f'{k}={r[k]:.1f}' for k in r if k.endswith('_us')),
+          'splits', r.get('triton_grouped_splits'), 'diff', round(r['max_abs_diff'], 4))" \
+      "$D/attn_decode_triton_$TAG.json" 2>&1 | tail -14
+    [ -d ~/.cache/flashinfer ] && tar czf "$OUT/fi_cache.tgz" -C ~/.cache flashinfer
+    [ -d ~/.triton/cache ] && tar czf "$OUT/triton_cache.tgz" -C ~/.triton cache
+    ;;
+  GF)  # the fused merge of the grouped decode, with decode graphs under FlashInfer on (bs <= 8)
+    timeout -k 5 "$(box "${GF_TEST_S:-300}")" python3 -m pytest test/srt/test_triton_attention.py \
+      test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \
+      test/srt/test_overlap_schedule.py test/srt/test_spec_engine.py -q -p no:cacheprovider \
+      -rf --tb=short > "$D/gpu_validate_fused_merge_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -5 "$D/gpu_validate_fused_merge_$TAG.log"
+    cp "$D/gpu_validate_fused_merge_$TAG.log" "$OUT"/
+    timeout -k 5 "$(box 100)" python3 benchmark/bench_attention_decode.py --graph --triton \
+      --batch-sizes 1 4 16 --seq-lens 256 1024 4096 \
+      --result-file "$D/attn_decode_fused_$TAG.json" > "$D/attn_decode_fused_$TAG.log" 2>&1
+    echo "attention rc=$? at $(( $(date +%s) - T0 )) s"
+    python3 -c "import json,sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(r['bs'], r['seq_len'], *(f'{k}={r[k]:.1f}' for k in r if k.endswith('layers_us')))" \
+      "$D/attn_decode_fused_$TAG.json" 2>&1 | tail -10
+    for fm in 1 0 1 0; do
+      [ "$(left)" -lt 40 ] && { echo "no time left for the roofline at fused merge $fm"; break; }
+      n=$(ls "$D"/decode_roofline_fm"$fm"_*"$TAG".json 2>/dev/null | wc -l)
+      SGLANG_TRITON_DECODE_FUSED_MERGE=$fm timeout -k 5 "$(box 60)" \
+        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
+        --result-file "$D/decode_roofline_fm${fm}_r${n}_$TAG.json" > "$D/roofline_fm$fm.log" 2>&1
+      echo "roofline fused_merge=$fm rc=$? at $(( $(date +%s) - T0 )) s"
+      grep -h -E '"(step_ms|roofline_fraction)"' \
+        "$D/decode_roofline_fm${fm}_r${n}_$TAG.json" 2>/dev/null | tail -2
+    done
+    ;;
+  GR)  # decode graphs with Triton attention under FlashInfer (bs <= GR_MAX_BS) against off
+    for knob in 0 "${GR_MAX_BS:-8}" 0 "${GR_MAX_BS:-8}"; do
+      [ "$(left)" -lt 90 ] && { echo "no time left for the roofline at $knob"; break; }
+      n=$(ls "$D"/decode_roofline_tdec"$knob"_*"$TAG".json 2>/dev/null | wc -l)
+      SGLANG_TRITON_DECODE_GRAPH_MAX_BS=$knob timeout -k 5 "$(box 110)" \
+        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
+        --result-file "$D/decode_roofline_tdec${knob}_r${n}_$TAG.json" > "$D/roofline_$knob.log" 2>&1
+      echo "roofline knob=$knob rc=$? at $(( $(date +%s) - T0 )) s"
+      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
+        "$D/decode_roofline_tdec${knob}_r${n}_$TAG.json" 2>/dev/null | head -3
+    done
+    for knob in 0 "${GR_MAX_BS:-8}"; do
+      for bs in 1 8; do
+        SGLANG_TRITON_DECODE_GRAPH_MAX_BS=$knob profile "decode_step_smollm2_bs${bs}_tdec${knob}_$TAG" \
+          60 --batch-size "$bs" --steps 256 --modes overlap
+      done
+    done
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -382,7 +455,7 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

@@ -353,7 +353,7 @@ def test_triton_decode_graph_max_bs(monkeypatch):
     )
     pick = mr.ModelRunner.triton_decode_graph_max_bs
     monkeypatch.delenv("SGLANG_TRITON_DECODE_GRAPH_MAX_BS", raising=False)
-    assert pick(runner) == mr.TRITON_DECODE_GRAPH_MAX_BS
+    assert pick(runner) == mr.TRITON_DECODE_GRAPH_MAX_BS == 8  # on by default (H200 results)
     monkeypatch.setenv("SGLANG_TRITON_DECODE_GRAPH_MAX_BS", "16")
     assert pick(runner) == 16
     assert pick(SimpleNamespace(**{**vars(runner), "attention_backend_name": "triton"})) == 0
