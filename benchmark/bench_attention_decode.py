@@ -23,9 +23,7 @@ long context).
 
 With --triton, our Triton decode kernels on the same KV (the backend's own split rules):
 `triton_grouped_us` (one program per request, KV head and split for the whole GQA group,
-triton_ops/decode_grouped.py, its last split program merging the splits),
-`triton_grouped_merge2_us` (the same with the separate merge kernel) and `triton_per_head_us`
-(one program per query head), and,
+triton_ops/decode_grouped.py) and `triton_per_head_us` (one program per query head), and,
 for each method, `*_layers_us`: wall time per call of a CUDA graph holding --layers calls back
 to back (CUDA events around 20 replays), as a model's decode graph runs one per layer, so
 launch gaps between a method's kernels count too (FlashInfer: the graph wrapper, planned once).
@@ -111,17 +109,15 @@ def _triton_rows(row, outs, q, k, v, indices, bs, seq, layers) -> None:
     r2t = indices.view(bs, seq)
     pools = torch.arange(bs, device=q.device)
     lens = torch.full((bs,), seq, device=q.device)
-    for name in ("triton_grouped", "triton_grouped_merge2", "triton_per_head"):
-        grouped = name != "triton_per_head"
+    for grouped in (True, False):
+        name = "triton_grouped" if grouped else "triton_per_head"
         backend = TritonAttnBackend(grouped_decode=grouped)
         splits = backend.decode_num_splits(bs, nq, seq, nkv)
         partials = alloc_decode_partials(bs, nq, d, splits, q.device) if splits > 1 else None
-        fused = name == "triton_grouped" and splits > 1
-        locks = torch.zeros(bs, nkv, dtype=torch.int32, device=q.device) if fused else None
         out = torch.empty_like(q)
         fn = partial(
             decode_attention_fwd, q, k, v, out, r2t, pools, lens, d**-0.5,
-            num_splits=splits, partials=partials, grouped=grouped, locks=locks,
+            num_splits=splits, partials=partials, grouped=grouped,
         )  # fmt: skip
         fn()
         outs[name] = out

@@ -73,10 +73,11 @@
 #                                    # GPU tests (and Triton decode graphs under FlashInfer),
 #                                    # bench_attention_decode.py --graph --triton, then the
 #                                    # FlashInfer and Triton caches packed into $OUT
-#   bash scripts/gpu_diagnose.sh GF  # the grouped decode's fused merge: the GPU tests of
-#                                    # attention, graphs, overlap and speculation, the kernel
-#                                    # bench, then the 8B roofline with
-#                                    # SGLANG_TRITON_DECODE_FUSED_MERGE = 1, 0, 1, 0
+#   bash scripts/gpu_diagnose.sh GF  # the GPU tests of attention, graphs, overlap and
+#                                    # speculation, the kernel bench, then the 8B roofline
+#                                    # with SGLANG_TRITON_DECODE_FUSED_MERGE = 1, 0, 1, 0 (the
+#                                    # fused merge of 1bb0ad3, slower and removed since: the
+#                                    # variable now does nothing, the four runs are one A/A)
 #   bash scripts/gpu_diagnose.sh GR  # decode graphs with SGLANG_TRITON_DECODE_GRAPH_MAX_BS =
 #                                    # GR_MAX_BS (default 8) against 0, ABAB: the 8B batch-1
 #                                    # roofline, then SmolLM2 batch-1 and batch-8 steps
@@ -403,7 +404,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     [ -d ~/.cache/flashinfer ] && tar czf "$OUT/fi_cache.tgz" -C ~/.cache flashinfer
     [ -d ~/.triton/cache ] && tar czf "$OUT/triton_cache.tgz" -C ~/.triton cache
     ;;
-  GF)  # the fused merge of the grouped decode, with decode graphs under FlashInfer on (bs <= 8)
+  GF)  # tests + kernel bench + roofline x4 (the fused merge of 1bb0ad3 was measured here)
     timeout -k 5 "$(box "${GF_TEST_S:-300}")" python3 -m pytest test/srt/test_triton_attention.py \
       test/srt/test_cuda_graph_runner.py test/srt/test_flashinfer_backend.py \
       test/srt/test_overlap_schedule.py test/srt/test_spec_engine.py -q -p no:cacheprovider \

@@ -227,16 +227,12 @@ def test_split_decode_matches_reference(num_splits, hkv):
     )
     out = run_backend(fb, layer, qkv, decode_num_splits=num_splits)
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
-    # one scratch per forward (shared by the layers), none for the single-stage kernel;
-    # the grouped kernel's fused-merge tickets, left zero
+    # one scratch per forward (shared by the layers), none for the single-stage kernel
     want = {(3, 16, num_splits)} if num_splits > 1 else set()
     assert set(fb.attn_metadata.decode_partials) == want
-    locks = fb.attn_metadata.decode_locks
-    assert set(locks) == ({hkv} if num_splits > 1 else set())
-    assert all(int(t.abs().sum()) == 0 for t in locks.values())
 
 
-@pytest.mark.parametrize("grouped", [False, True, "fused"])
+@pytest.mark.parametrize("grouped", [False, True])
 def test_split_decode_writes_every_split(grouped):
     # Scratch starts as NaN, so a split the kernel skipped would poison the output. KV lengths
     # 7, 200, 1 with BLOCK_N 16 and 3 splits: chunks of 16, 80 (3 full splits), 16 tokens.
@@ -252,13 +248,7 @@ def test_split_decode_writes_every_split(grouped):
     out = torch.zeros(3, h, d, device=DEVICE)
     args = (q.view(3, h, d), pool.k_buffer[0], pool.v_buffer[0], out, r2t)
     args += (fb.req_pool_indices, fb.seq_lens, d**-0.5)
-    locks = torch.zeros(3, hkv, dtype=torch.int32, device=DEVICE) if grouped == "fused" else None
-    decode_attention_fwd(
-        *args, block_n=16, num_splits=3, partials=(mid_o, mid_ml), grouped=bool(grouped),
-        locks=locks,
-    )  # fmt: skip
-    if locks is not None:
-        assert int(locks.abs().sum()) == 0  # the last split of each group reset its ticket
+    decode_attention_fwd(*args, block_n=16, num_splits=3, partials=(mid_o, mid_ml), grouped=grouped)
     torch.testing.assert_close(out.view(3, h * d), expected, atol=1e-4, rtol=1e-4)
     empty = torch.tensor([[0, 1, 1], [0, 0, 0], [0, 1, 1]], dtype=torch.bool, device=DEVICE)
     empty = empty[:, None, :].expand(3, h, 3)
@@ -269,16 +259,6 @@ def test_split_decode_writes_every_split(grouped):
         decode_attention_fwd(*args, num_splits=0)
     with pytest.raises(ValueError, match="partials"):
         decode_attention_fwd(*args, num_splits=2, partials=(mid_o, mid_ml))
-    with pytest.raises(ValueError, match="locks"):  # tickets of the grouped kernel only
-        decode_attention_fwd(*args, num_splits=3, partials=(mid_o, mid_ml), locks=locks0(3, 1))
-    with pytest.raises(ValueError, match="locks"):
-        decode_attention_fwd(
-            *args, num_splits=3, partials=(mid_o, mid_ml), grouped=True, locks=locks0(2, 1)
-        )
-
-
-def locks0(bs: int, hkv: int) -> torch.Tensor:
-    return torch.zeros(bs, hkv, dtype=torch.int32, device=DEVICE)
 
 
 def test_decode_num_splits_rule():
@@ -324,23 +304,14 @@ def test_grouped_decode_equals_per_head_decode(h, hkv, num_splits):
     pool, r2t = fb.token_to_kv_pool, fb.req_to_token_pool.req_to_token
     pool.set_kv_buffer(0, fb.out_cache_loc, k.view(-1, hkv, 16), v.view(-1, hkv, 16))
     outs = {}
-    locks = locks0(4, hkv)
-    # per head, grouped with the merge kernel, grouped with the fused merge (twice: the first
-    # launch must leave the tickets zero for the second)
-    for kind in ("per_head", "grouped", "fused", "fused_again"):
+    for grouped in (False, True):
         out = torch.full((4, h, 16), float("nan"), device=DEVICE)
         args = (q.view(4, h, 16), pool.k_buffer[0], pool.v_buffer[0], out, r2t)
         args += (fb.req_pool_indices, fb.seq_lens, 16**-0.5)
-        fused = kind.startswith("fused") and num_splits > 1
-        decode_attention_fwd(
-            *args, num_splits=num_splits, grouped=kind != "per_head",
-            locks=locks if fused else None,
-        )  # fmt: skip
-        outs[kind] = out.view(4, h * 16)
-        torch.testing.assert_close(outs[kind], expected, atol=1e-4, rtol=1e-4)
-        assert int(locks.abs().sum()) == 0
-    for kind in ("grouped", "fused", "fused_again"):
-        torch.testing.assert_close(outs[kind], outs["per_head"], atol=1e-5, rtol=1e-5)
+        decode_attention_fwd(*args, num_splits=num_splits, grouped=grouped)
+        outs[grouped] = out.view(4, h * 16)
+        torch.testing.assert_close(outs[grouped], expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(outs[True], outs[False], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -369,19 +340,15 @@ def test_cuda_bf16_split_decode_matches_reference(d, h, hkv, grouped, monkeypatc
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize(
-    "grouped,splits,fused", [(False, 8, "0"), (True, 8, "0"), (True, 8, "1"), (True, 32, "1")]
-)
-def test_cuda_graph_split_decode_replays_new_lengths(grouped, splits, fused, monkeypatch):
+@pytest.mark.parametrize("grouped,splits", [(False, 8), (True, 8), (True, 32)])
+def test_cuda_graph_split_decode_replays_new_lengths(grouped, splits):
     # Captured once with 8 (32) splits; replays with other KV lengths (other split boundaries,
     # more empty splits) read the same persistent metadata and scratch.
     h, hkv, d = 32, 8, 128
     fb, layer, (q, k, v), expected = make_case(
         6, True, h=h, hkv=hkv, d=d, dtype=torch.bfloat16, device="cuda", prefix=[3999, 9, 2047]
     )
-    monkeypatch.setenv("SGLANG_TRITON_DECODE_FUSED_MERGE", fused)
     backend = TritonAttnBackend(decode_num_splits=splits, grouped_decode=grouped)
-    assert backend.fused_merge == (grouped and fused == "1")
     fb.attn_backend = backend
     backend.init_forward_metadata_capture_cuda_graph(fb, 1)
     stream = torch.cuda.Stream()

@@ -29,10 +29,7 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (
     alloc_decode_partials,
     decode_attention_fwd,
 )
-from sglang.srt.layers.attention.triton_ops.decode_grouped import (
-    alloc_decode_locks,
-    grouped_decode_num_splits,
-)
+from sglang.srt.layers.attention.triton_ops.decode_grouped import grouped_decode_num_splits
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.server_args import env_flag
 
@@ -60,9 +57,6 @@ class TritonMetadata:
     decode_partials: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict
     )
-    # the grouped kernel's fused-merge tickets ([bs, Hkv] int32, zero between layers), keyed
-    # Hkv; allocated and kept like decode_partials
-    decode_locks: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def head_dim_supported(head_dim: int) -> bool:
@@ -106,9 +100,6 @@ class TritonAttnBackend(AttentionBackend):
         if grouped_decode is None:
             grouped_decode = env_flag("TRITON_DECODE_GROUPED", "1") != "0"
         self.grouped_decode = grouped_decode
-        # the grouped kernel merges its splits itself (one kernel instead of two) unless
-        # SGLANG_TRITON_DECODE_FUSED_MERGE=0
-        self.fused_merge = grouped_decode and env_flag("TRITON_DECODE_FUSED_MERGE", "1") != "0"
         device = getattr(model_runner, "device", None)
         check_backend_device("triton", device)
         if device is None and torch.cuda.is_available():
@@ -205,17 +196,12 @@ class TritonAttnBackend(AttentionBackend):
         if m.is_decode:
             bs = q.shape[0]
             splits = self.decode_num_splits(bs, h, r2t.shape[1], layer.tp_k_head_num)
-            partials = locks = None
+            partials = None
             if splits > 1:
                 partials = m.decode_partials.get((h, d, splits))
                 if partials is None:
                     partials = alloc_decode_partials(bs, h, d, splits, q.device)
                     m.decode_partials[(h, d, splits)] = partials
-                hkv = layer.tp_k_head_num
-                if self.fused_merge:
-                    locks = m.decode_locks.get(hkv)
-                    if locks is None:
-                        locks = m.decode_locks[hkv] = alloc_decode_locks(bs, hkv, q.device)
             decode_attention_fwd(
                 q,
                 k_buf,
@@ -228,7 +214,6 @@ class TritonAttnBackend(AttentionBackend):
                 num_splits=splits,
                 partials=partials,
                 grouped=self.grouped_decode,
-                locks=locks,
             )
         else:
             extend_attention_fwd(

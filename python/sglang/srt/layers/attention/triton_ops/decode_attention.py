@@ -232,7 +232,6 @@ def decode_attention_fwd(
     num_splits: int = 1,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     grouped: bool = False,
-    locks: torch.Tensor | None = None,
 ) -> None:
     """GQA decode attention; writes `out` (q's dtype) in place. H must be a multiple of Hkv.
 
@@ -242,10 +241,7 @@ def decode_attention_fwd(
     a host int fixed per shape (it sets the grid), never derived from the step's seq_lens.
     grouped: one program per (request, KV head, split) for the whole query group, with
     tensor-core dots (decode_grouped.py; block_n default 32), instead of one per query head
-    (block_n default 64). locks (grouped split-K only: [bs, Hkv] int32 zeros from
-    decode_grouped.alloc_decode_locks, persistent under CUDA graphs): the grouped kernel
-    merges the splits itself (no second kernel) and leaves them zero. Raises ValueError on
-    num_splits < 1, partials or locks of the wrong shape, or locks without grouped.
+    (block_n default 64). Raises ValueError on num_splits < 1 or partials of the wrong shape.
     """
     bs, h, d = q.shape
     if num_splits < 1:
@@ -290,21 +286,9 @@ def decode_attention_fwd(
             f"partials must be contiguous float32 of shapes {(bs, h, num_splits, d)} and "
             f"{(bs, h, num_splits, 2)}, got {tuple(mid_o.shape)} and {tuple(mid_ml.shape)}"
         )
-    if locks is not None and (
-        not grouped
-        or locks.shape != (bs, hkv)
-        or locks.dtype != torch.int32
-        or not locks.is_contiguous()
-    ):
-        raise ValueError(
-            f"locks must be a contiguous int32 tensor of shape {(bs, hkv)} with grouped=True, "
-            f"got {tuple(locks.shape)} {locks.dtype} (grouped={grouped})"
-        )
     if grouped:
         args = (q, k_buf, v_buf, out, partials, req_to_token, req_pool_indices, seq_lens)
-        grouped_decode_stage1(*args, sm_scale, num_splits, block_n, locks)
-        if locks is not None:
-            return  # merged in the kernel
+        grouped_decode_stage1(*args, sm_scale, num_splits, block_n)
     else:
         _decode_attn_split_kernel[(bs, h, num_splits)](
             q,

@@ -15,13 +15,6 @@ acc = 0), and the same merge kernel as the per-head split schedule combines them
 (decode_attention._decode_attn_reduce_kernel). With NUM_SPLITS = 1 the program normalises and
 writes the output itself: one kernel.
 
-Fused merge (locks given): no second kernel. After writing its partials each split program
-takes a ticket from its (request, KV head) counter (an acq_rel atomic at GPU scope after a
-CTA barrier, so its partials are visible before the ticket; the last-block reduction of
-CUDA's threadFenceReduction sample); the program that draws the last ticket resets the
-counter to 0 and merges the group's splits (its loads bypass L1, ".cg", since other SMs wrote
-them). The counters must be zero before a launch; each launch leaves them zero.
-
 Why (issue 6, batch-1 decode of the Llama-3.1-8B shape on the H200): FlashInfer's tensor-core
 decode took 8.7 us (prefill kernel) + 2.3 us (merge) per layer at ~300 tokens of context, where
 one layer's K/V is under 1.6 MB, 0.35 ms of a 4.4 ms step; the graph decode also pays
@@ -81,9 +74,6 @@ def _grouped_decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    Locks=None,  # [bs, Hkv] int32 tickets, zero between launches: FUSED_MERGE
-    FUSED_MERGE: tl.constexpr = False,
-    SPLITS_P2: tl.constexpr = 1,  # next power of two >= NUM_SPLITS (FUSED_MERGE)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -143,62 +133,6 @@ def _grouped_decode_kernel(
         tl.store(Mid_o + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_valid[:, None])
         tl.store(Mid_ml + part * 2, m_i, mask=g_valid)
         tl.store(Mid_ml + part * 2 + 1, l_i, mask=g_valid)
-        if FUSED_MERGE:
-            tl.debug_barrier()  # every thread's partials stored before the ticket
-            lock = Locks + b * tl.num_programs(1) + kvh
-            ticket = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:  # the last split of this (request, KV head)
-                tl.atomic_xchg(lock, 0, sem="relaxed", scope="gpu")
-                _merge_group(
-                    Mid_o, Mid_ml, Out, b, kvh, num_heads, stride_ot, stride_oh,
-                    GROUP, BLOCK_H, HEAD_DIM, NUM_SPLITS, SPLITS_P2,
-                )  # fmt: skip
-
-
-@triton.jit
-def _merge_group(
-    Mid_o,  # [bs, H, NUM_SPLITS, D] float32
-    Mid_ml,  # [bs, H, NUM_SPLITS, 2] float32
-    Out,  # [bs, H, D]
-    b,
-    kvh,
-    num_heads,
-    stride_ot,
-    stride_oh,
-    GROUP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-):
-    """out[h] = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s over the splits of the
-    group's heads h (M = max_s m_s; empty splits have m = -inf, l = 0, acc = 0)."""
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_s = tl.arange(0, SPLITS_P2)
-    offs_d = tl.arange(0, HEAD_DIM)
-    g_valid = offs_g < GROUP
-    s_valid = offs_s < NUM_SPLITS
-    first = (b.to(tl.int64) * num_heads + kvh * GROUP) * NUM_SPLITS
-    idx = first + offs_g[:, None] * NUM_SPLITS + offs_s[None, :]  # [BLOCK_H, SPLITS_P2]
-    ok = g_valid[:, None] & s_valid[None, :]
-    m = tl.load(Mid_ml + idx * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(Mid_ml + idx * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
-    m_max = tl.max(m, 1)  # finite for real heads: split 0 holds >= 1 key (seq_len >= 1)
-    m_max = tl.where(g_valid, m_max, 0.0)
-    w = tl.exp(m - m_max[:, None])  # [BLOCK_H, SPLITS_P2]; empty splits: 0
-    denom = tl.sum(w * l_s, 1)  # [BLOCK_H]
-    for g in tl.static_range(GROUP):
-        w_g = tl.sum(tl.where(offs_g[:, None] == g, w, 0.0), 0)  # [SPLITS_P2]
-        den_g = tl.sum(tl.where(offs_g == g, denom, 0.0), 0)
-        acc = tl.load(
-            Mid_o + (first + g * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=s_valid[:, None],
-            other=0.0,
-            cache_modifier=".cg",
-        )  # [SPLITS_P2, D]
-        out = tl.sum(w_g[:, None] * acc, 0) / den_g
-        h = kvh * GROUP + g
-        tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
 
 def grouped_decode_stage1(
@@ -213,13 +147,10 @@ def grouped_decode_stage1(
     sm_scale: float,
     num_splits: int,
     block_n: int = BLOCK_N,
-    locks: torch.Tensor | None = None,  # [bs, Hkv] int32, zero: fused merge
 ) -> None:
     """Launch the grouped kernel over a (bs, Hkv, num_splits) grid. num_splits == 1 writes
-    `out`; otherwise the partials, which decode_attention's reduce kernel merges, or, with
-    `locks` (zero on entry, zero again on return), the kernel's last split program per
-    (request, KV head) (the fused merge: one kernel). Shapes and partials are checked by the
-    caller (decode_attention.decode_attention_fwd)."""
+    `out`; otherwise the partials, which decode_attention's reduce kernel merges. Shapes and
+    partials are checked by the caller (decode_attention.decode_attention_fwd)."""
     bs, h, d = q.shape
     hkv = k_buf.shape[1]
     group = h // hkv
@@ -245,12 +176,4 @@ def grouped_decode_stage1(
         NUM_SPLITS=num_splits,
         # float32 K/V: full-precision dots (no TF32), so fp32 matches the reference to 1e-4
         DOT_PRECISION="ieee" if k_buf.dtype == torch.float32 else "tf32",
-        Locks=locks,
-        FUSED_MERGE=locks is not None and num_splits > 1,
-        SPLITS_P2=triton.next_power_of_2(num_splits),
     )
-
-
-def alloc_decode_locks(bs: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
-    """Tickets of the fused merge: [bs, Hkv] int32 zeros (each launch leaves them zero)."""
-    return torch.zeros(bs, num_kv_heads, dtype=torch.int32, device=device)
