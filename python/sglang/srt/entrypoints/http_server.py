@@ -43,6 +43,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     open_stream,
     sse_frames,
 )
+from sglang.srt.entrypoints.upstream_fields import drop_inert_fields
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.request_validation import (
     json_too_deep,
@@ -121,6 +122,14 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
     bad = lone_surrogate_path(data)
     if bad is not None:
         raise OpenAIError(lone_surrogate_message(bad), 400, param=bad)
+    unsupported = drop_inert_fields(data)
+    if unsupported is not None:
+        raise OpenAIError(
+            f"'{unsupported}' is an upstream SGLang feature this server does not support; "
+            f"send it unset (null) or at its default, or leave it out",
+            400,
+            param=unsupported,
+        )
     unknown = sorted(set(data) - _GENERATE_FIELDS)
     if unknown:
         raise OpenAIError(f"unknown field(s): {', '.join(unknown)}", 400, param=unknown[0])

@@ -48,6 +48,12 @@ from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
 SEED_MASK = (1 << 62) - 1
+# Prompt texts longer than this (characters, a request's texts together) are tokenized on a
+# worker thread (TokenizerManager.off_loop), so the HTTP event loop keeps serving meanwhile:
+# the fast tokenizer releases the GIL while it encodes, and a text just under
+# check_text_size's bound (2.6M characters for SmolLM2) takes seconds to encode, e.g. 4.7 s
+# for 1M emoji on the CPU machine. Shorter texts stay on the loop (a thread hop costs ~50 us).
+OFF_LOOP_TOKENIZE_CHARS = 1 << 16
 # GenerateReqInput fields that a batch may give per prompt (a list, one entry per prompt).
 _PER_PROMPT_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 
@@ -137,7 +143,9 @@ class TokenizerManager:
         """Yield outputs of one request or a batch (see upstream /generate semantics)."""
         self._ensure_handle_loop()
         singles = self._expand(obj)
-        tokenized = [self._tokenize(o) for o in singles]  # validates all before sending any
+        chars = sum(len(o.text) for o in singles if isinstance(o.text, str))
+        # validates all before sending any
+        tokenized = await self.off_loop(lambda: [self._tokenize(o) for o in singles], chars)
         rids = [t.rid for t in tokenized]
         if len(set(rids)) < len(rids):
             dup = next(r for r in rids if rids.count(r) > 1)
@@ -219,6 +227,14 @@ class TokenizerManager:
                         copy_.sampling_params["sampling_seed"] = (seed + 7919 * k) & SEED_MASK
                 out.append(copy_)
         return out
+
+    async def off_loop(self, fn: Any, chars: int) -> Any:
+        """fn() (tokenization of prompt texts of `chars` characters in all), on a worker
+        thread when chars > OFF_LOOP_TOKENIZE_CHARS, else here on the event loop. Exceptions
+        propagate as from fn()."""
+        if chars > OFF_LOOP_TOKENIZE_CHARS:
+            return await asyncio.to_thread(fn)
+        return fn()
 
     def check_text_size(self, text: str, param: str) -> None:
         """Refuse a prompt text too long for the context before tokenizing it

@@ -120,7 +120,8 @@ class OpenAIServingChat:
 
     async def handle(self, req: ChatCompletionRequest, raw: Request) -> Any:
         check_model(self.tm, req.model)
-        ids = self.prompt_ids(req)
+        chars = sum(len(m.text()) for m in req.messages)
+        ids = await self.tm.off_loop(lambda: self.prompt_ids(req), chars)
         max_new = req.max_new_tokens()
         field = req.max_tokens_field()
         check_max_tokens(self.tm, max_new, len(ids), "messages", field)
