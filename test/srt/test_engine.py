@@ -297,8 +297,23 @@ def test_unspecified_max_new_tokens_is_clamped_to_the_context(engine):
         ({"max_running_requests": 0}, "max-running-requests"),
         ({"tp_size": 2}, "tp-size"),
         ({"attention_backend": "flashinfer"}, "attention-backend"),
+        ({"log_level": "nonsense"}, "log-level"),
     ],
 )
 def test_bad_server_args_are_named(tiny_model_dir, kw, flag):
     with pytest.raises((ValueError, RuntimeError), match=flag):
         Engine(model_path=tiny_model_dir, **kw)
+
+
+def test_upstream_cli_spellings():
+    """launch_server flags as upstream spells them: --tensor-parallel-size is --tp-size's long
+    form; --log-level takes any case and refuses an unknown level with argparse's usage error
+    (exit 2), not a traceback (found by a new-user helper, twenty-second session)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    a = prepare_server_args(["--tensor-parallel-size", "1", "--log-level", "WARNING"])
+    assert (a.tp_size, a.log_level) == (1, "warning")
+    assert prepare_server_args(["--tp-size", "3"]).tp_size == 3  # refused later, by name
+    with pytest.raises(SystemExit) as e:
+        prepare_server_args(["--log-level", "nonsense"])
+    assert e.value.code == 2

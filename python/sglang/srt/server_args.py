@@ -49,7 +49,11 @@ class ServerArgs:
         "max_position_embeddings.",
     )
     trust_remote_code: bool = _arg(False, "Accepted for upstream compatibility; never needed.")
-    served_model_name: str | None = _arg(None, "Model name reported by the API (default: path).")
+    served_model_name: str | None = _arg(
+        None,
+        "Model name reported by the API (default: the model path; 'default' for the bundled "
+        "model).",
+    )
     chat_template: str | None = _arg(
         None, "A Jinja chat template file (or inline template) overriding the tokenizer's."
     )
@@ -114,7 +118,11 @@ class ServerArgs:
         "N runs). Default: overlap on CUDA, off on CPU; ServerArgs(disable_overlap_schedule="
         "False) turns it on on CPU too.",
     )
-    tp_size: int = _arg(1, "Tensor parallel size (only 1 is supported in this release).")
+    tp_size: int = _arg(
+        1,
+        "Tensor parallel size (only 1 is supported in this release).",
+        flags=("--tensor-parallel-size",),  # upstream's long form
+    )
     random_seed: int | None = _arg(None, "Seed for weights of --load-format dummy and sampling.")
     # ---- speculative decoding ----
     speculative_algorithm: str | None = _arg(
@@ -148,7 +156,12 @@ class ServerArgs:
         "--speculative-adaptive), at a lower acceptance rate than rejection sampling's.",
     )
     # ---- logging ----
-    log_level: str = _arg("info", "Logging level.")
+    log_level: str = _arg(
+        "info",
+        "Logging level.",
+        type=str.lower,
+        choices=("debug", "info", "warning", "error", "critical"),
+    )
     log_requests: bool = _arg(False, "Log every request's inputs and outputs.")
 
     # ---------------------------------------------------------------------------------------
@@ -156,12 +169,12 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Add one `--flag-name` per field, with default and help taken from the field."""
         for f in dataclasses.fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
+            flags = ("--" + f.name.replace("_", "-"), *meta.pop("flags", ()))
             help_text = meta.pop("help", "")
             if f.type in ("bool", bool, "bool | None"):
                 # default None (not given) lets server_args_resolve pick a device default
-                parser.add_argument(flag, action="store_true", default=f.default, help=help_text)
+                parser.add_argument(*flags, action="store_true", default=f.default, help=help_text)
                 continue
             typ = {
                 "int | None": int,
@@ -170,7 +183,8 @@ class ServerArgs:
                 "float": float,
                 "list[int] | None": int,
             }.get(str(f.type), str)
-            parser.add_argument(flag, type=typ, default=f.default, help=help_text, **meta)
+            typ = meta.pop("type", typ)
+            parser.add_argument(*flags, type=typ, default=f.default, help=help_text, **meta)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:

@@ -42,6 +42,10 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         raise ValueError(f"--context-length must be >= 2, got {a.context_length}")
     if a.tokenizer_path is not None and not os.path.isdir(a.tokenizer_path):
         raise ValueError(f"--tokenizer-path {a.tokenizer_path!r} is not a directory")
+    levels = ("debug", "info", "warning", "error", "critical")
+    if not isinstance(a.log_level, str) or a.log_level.lower() not in levels:
+        raise ValueError(f"--log-level must be one of {', '.join(levels)}, got {a.log_level!r}")
+    a.log_level = a.log_level.lower()
     if a.tp_size != 1:
         raise ValueError("--tp-size: only 1 is supported in this release")
     if a.chunked_prefill_size is None:
