@@ -365,6 +365,66 @@ def test_triton_decode_graph_max_bs(monkeypatch):
             pick(runner)
 
 
+def test_init_cuda_graphs_wires_triton_per_knob(monkeypatch):
+    """ModelRunner.init_cuda_graphs hands CudaGraphRunner one Triton backend for both graph
+    kinds, with SGLANG_TRITON_VERIFY and SGLANG_TRITON_DECODE_GRAPH_MAX_BS each deciding its
+    own kind: verify opted out keeps decode graphs on Triton (verify_backend_max_bs 0), decode
+    opted out keeps verify graphs, both out passes no backend, and a server without drafting
+    never gets Triton verify graphs. (A regression: the verify opt-out was ignored on
+    speculative servers once decode graphs took Triton by default.)"""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention import triton_backend
+    from sglang.srt.model_executor import model_runner as mr
+
+    class FakeTriton:  # stands in for the backend, which needs a CUDA runner
+        def __init__(self, runner) -> None:
+            self.runner = runner
+
+    seen = {}
+
+    def fake_graph_runner(runner, mode, max_extend_len, sizes, **kw) -> str:
+        seen.clear()
+        seen.update(kw)
+        return "graphs"
+
+    monkeypatch.setattr(triton_backend, "TritonAttnBackend", FakeTriton)
+    monkeypatch.setattr(mr, "CudaGraphRunner", fake_graph_runner)
+    sa = SimpleNamespace(
+        disable_cuda_graph=False, cuda_graph_bs=None, cuda_graph_max_bs=64,
+        max_running_requests=64, cuda_graph_prefill_max_tokens=None,
+    )  # fmt: skip
+    runner = SimpleNamespace(
+        server_args=sa, device=torch.device("cuda"), attention_backend_name="flashinfer",
+        attn_backend=SimpleNamespace(supports_cuda_graph=True),
+        model_config=SimpleNamespace(head_dim=64), cuda_graph_runner=None,
+    )  # fmt: skip
+    runner.triton_verify_backend = lambda n: mr.ModelRunner.triton_verify_backend(runner, n)
+    runner.triton_decode_graph_max_bs = lambda: mr.ModelRunner.triton_decode_graph_max_bs(runner)
+
+    def wiring(max_extend_len: int, verify: str | None, decode: str | None):
+        for name, value in (("TRITON_VERIFY", verify), ("TRITON_DECODE_GRAPH_MAX_BS", decode)):
+            if value is None:
+                monkeypatch.delenv(f"SGLANG_{name}", raising=False)
+            else:
+                monkeypatch.setenv(f"SGLANG_{name}", value)
+        mr.ModelRunner.init_cuda_graphs(runner, CaptureHiddenMode.NULL, max_extend_len)
+        assert runner.cuda_graph_runner == "graphs"
+        backend = seen["verify_backend"]
+        assert backend is None or isinstance(backend, FakeTriton)
+        return backend is not None, seen["verify_backend_max_bs"], seen["decode_backend_max_bs"]
+
+    dflt = mr.TRITON_DECODE_GRAPH_MAX_BS
+    assert wiring(4, None, None) == (True, mr.TRITON_VERIFY_MAX_BS, dflt)
+    assert wiring(4, "0", None) == (True, 0, dflt)  # verify opted out, decode keeps Triton
+    assert wiring(4, None, "0") == (True, mr.TRITON_VERIFY_MAX_BS, 0)
+    assert wiring(4, "0", "0") == (False, 0, 0)
+    assert wiring(1, None, None) == (True, 0, dflt)  # no drafting: decode graphs only
+    assert wiring(1, None, "0") == (False, 0, 0)
+    runner.attention_backend_name = "triton"  # the runner's own backend: no second one
+    assert wiring(4, None, None) == (False, 0, 0)
+
+
 def _verify_step_logits(runner, run) -> list[torch.Tensor]:
     """prefill_verify_prompts, then VERIFY_STEPS through run(mwb) -> logits [R, V]; returns
     each step's logits as float32."""

@@ -170,8 +170,11 @@ class ModelRunner:
             )
             return
         sizes = graph_batch_sizes(sa.cuda_graph_bs, sa.cuda_graph_max_bs, sa.max_running_requests)
-        triton = self.triton_verify_backend(max_extend_len)
+        # One Triton backend serves both graph kinds; SGLANG_TRITON_VERIFY=0 turns off its
+        # verify graphs even when decode graphs still take it (and the reverse).
+        verify = self.triton_verify_backend(max_extend_len)
         decode_max_bs = self.triton_decode_graph_max_bs()
+        triton = verify
         if triton is None and decode_max_bs > 0:
             from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
@@ -183,7 +186,7 @@ class ModelRunner:
             sizes,
             prefill_max_tokens=sa.cuda_graph_prefill_max_tokens or 0,  # None: not resolved
             verify_backend=triton,
-            verify_backend_max_bs=TRITON_VERIFY_MAX_BS if max_extend_len > 1 else 0,
+            verify_backend_max_bs=TRITON_VERIFY_MAX_BS if verify is not None else 0,
             decode_backend_max_bs=decode_max_bs,
         )
 
@@ -236,7 +239,7 @@ class ModelRunner:
         step's host time (in-process static K = 3: 2.52 ms per step with FlashInfer, 1.95
         with Triton attention throughout), while Triton's kernels read seq_lens and
         req_to_token on the device and need no plan. Both read and write the same paged KV
-        pool, so decode graphs keep FlashInfer."""
+        pool; decode graphs take Triton on their own terms (triton_decode_graph_max_bs)."""
         from sglang.srt.layers.attention.triton_backend import (
             TritonAttnBackend,
             head_dim_supported,
