@@ -81,6 +81,10 @@
 #   bash scripts/gpu_diagnose.sh GR  # decode graphs with SGLANG_TRITON_DECODE_GRAPH_MAX_BS =
 #                                    # GR_MAX_BS (default 8) against 0, ABAB: the 8B batch-1
 #                                    # roofline, then SmolLM2 batch-1 and batch-8 steps
+#   bash scripts/gpu_diagnose.sh GE  # the gate_up GEMV's SiLU-and-mul epilogue (twenty-third
+#                                    # session): its GPU tests, the 8B batch-1 roofline with
+#                                    # SGLANG_FUSED_GEMV_EPILOGUE = 0, 1, 0, 1, then SmolLM2
+#                                    # batch-1 steps with it off and on
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -95,7 +99,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -448,6 +452,27 @@ for r in json.load(open(sys.argv[1]))['rows']:
       done
     done
     ;;
+  GE)  # the gate_up GEMV's SiLU-and-mul epilogue: its GPU tests, then ABAB with it off / on
+    timeout -k 5 "$(box "${GE_TEST_S:-150}")" python3 -m pytest test/srt/test_fused_gemv_epilogue.py \
+      test/srt/test_fused_gemv_prologue.py test/srt/test_triton_gemv.py -q -p no:cacheprovider \
+      -rf --tb=short > "$D/gpu_validate_epilogue_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_epilogue_$TAG.log"
+    cp "$D/gpu_validate_epilogue_$TAG.log" "$OUT"/
+    for knob in 0 1 0 1; do
+      [ "$(left)" -lt 90 ] && { echo "no time left for the roofline at $knob"; break; }
+      n=$(ls "$D"/decode_roofline_ep"$knob"_*"$TAG".json 2>/dev/null | wc -l)
+      SGLANG_FUSED_GEMV_EPILOGUE=$knob timeout -k 5 "$(box 110)" \
+        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
+        --result-file "$D/decode_roofline_ep${knob}_r${n}_$TAG.json" > "$D/roofline_$knob.log" 2>&1
+      echo "roofline epilogue=$knob rc=$? at $(( $(date +%s) - T0 )) s"
+      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
+        "$D/decode_roofline_ep${knob}_r${n}_$TAG.json" 2>/dev/null | head -3
+    done
+    for knob in 0 1; do
+      SGLANG_FUSED_GEMV_EPILOGUE=$knob profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 \
+        --batch-size 1 --steps 256 --modes overlap
+    done
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -456,7 +481,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

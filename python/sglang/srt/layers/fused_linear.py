@@ -1,6 +1,7 @@
-"""Linear layers that compute their own input at batch 1 (issue 6): RMSNorm -> qkv_proj /
-gate_up_proj and SiLU-and-mul -> down_proj as one GEMV each (triton_kernels/gemv_prologue.py),
-three kernels fewer per decoder layer.
+"""Linear layers fused with the elementwise op next to them at batch 1 (issue 6): RMSNorm ->
+qkv_proj / gate_up_proj and SiLU-and-mul -> down_proj as one GEMV each
+(triton_kernels/gemv_prologue.py, off by default), and gate_up_proj -> SiLU-and-mul as one GEMV
+(triton_kernels/gemv_epilogue.py, linear_silu_mul).
 
 Each ``*_applies`` check says whether the fused kernel may replace the unfused pair: the GEMV
 would take the unfused path's input (use_fused_gemv_prologue: one bf16/fp16 row on CUDA, the
@@ -15,8 +16,16 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear, RowParallelLinear
-from sglang.srt.layers.triton_kernels import NORM_PROLOGUE_MAX_HIDDEN, use_fused_gemv_prologue
+from sglang.srt.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+)
+from sglang.srt.layers.triton_kernels import (
+    NORM_PROLOGUE_MAX_HIDDEN,
+    use_fused_gemv_epilogue,
+    use_fused_gemv_prologue,
+)
 
 
 def rmsnorm_linear_applies(
@@ -85,6 +94,33 @@ def silu_mul_linear(gate_up: torch.Tensor, linear: RowParallelLinear) -> torch.T
     if linear.bias is not None and not linear.skip_bias_add:
         out = out + linear.bias
     return out
+
+
+def linear_silu_mul_applies(x: torch.Tensor, linear: nn.Module) -> bool:
+    """Whether linear_silu_mul(x, linear) may replace ``linear`` then SiluAndMul: linear a
+    MergedColumnParallelLinear of two equal halves (gate_up_proj; at any tp size each rank's
+    weight is [gate shard | up shard]) that adds its own bias (of x's dtype, if any), x [1, H],
+    and use_fused_gemv_epilogue(x, linear.weight)."""
+    if not isinstance(linear, MergedColumnParallelLinear):
+        return False
+    sizes, bias = linear.output_sizes, linear.bias
+    return (
+        len(sizes) == 2
+        and sizes[0] == sizes[1]
+        and not linear.skip_bias_add
+        and (bias is None or bias.dtype == x.dtype)
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and use_fused_gemv_epilogue(x, linear.weight)
+    )
+
+
+def linear_silu_mul(x: torch.Tensor, linear: MergedColumnParallelLinear) -> torch.Tensor:
+    """silu(gate) * up for [gate | up] = linear(x)[0], as one kernel. x: [1, H]; returns
+    [1, I / tp] in x's dtype. Call only where linear_silu_mul_applies is true."""
+    from sglang.srt.layers.triton_kernels.gemv_epilogue import gemv_silu_mul
+
+    return gemv_silu_mul(x, linear.weight, linear.bias)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

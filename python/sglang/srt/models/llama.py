@@ -18,6 +18,8 @@ from torch import nn
 
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.fused_linear import (
+    linear_silu_mul,
+    linear_silu_mul_applies,
     rmsnorm_linear,
     rmsnorm_linear_applies,
     silu_mul_linear,
@@ -41,7 +43,9 @@ logger = logging.getLogger(__name__)
 
 
 class LlamaMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up fused into gate_up_proj."""
+    """down(silu(gate(x)) * up(x)); gate and up fused into gate_up_proj. At one row on CUDA
+    under SGLANG_FUSED_GEMV_EPILOGUE=1 the gate_up GEMV writes silu(gate) * up itself
+    (layers/fused_linear.linear_silu_mul)."""
 
     def __init__(
         self,
@@ -63,6 +67,9 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        if linear_silu_mul_applies(x, self.gate_up_proj):  # one row, the epilogue on: one kernel
+            out, _ = self.down_proj(linear_silu_mul(x, self.gate_up_proj))  # [1, I / tp] in
+            return out
         gate_up, _ = self.gate_up_proj(x)  # [T, 2 * I / tp]
         return self.down(gate_up)
 

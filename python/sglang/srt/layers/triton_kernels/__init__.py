@@ -183,6 +183,38 @@ def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor, kind: str) ->
     return kind in FUSED_GEMV_PROLOGUES and use_triton_gemv(x, weight, 1)
 
 
+def _fused_gemv_epilogue_enabled() -> bool:
+    """SGLANG_FUSED_GEMV_EPILOGUE: "1" / "on" / "true" / "yes" turn the gate_up GEMV's
+    SiLU-and-mul epilogue on; unset or "0" / "off" / "false" / "no" leave it off. Raises
+    ValueError naming the variable for any other value."""
+    flag = env_flag("FUSED_GEMV_EPILOGUE").strip().lower()
+    if flag not in ("", *_ON, *_OFF):
+        raise ValueError(f"SGLANG_FUSED_GEMV_EPILOGUE={flag!r}: expected 0 or 1")
+    return flag in _ON
+
+
+# Decided once at import (SGLANG_FUSED_GEMV_EPILOGUE): the SiLU-and-mul epilogue of the gate_up
+# GEMV (gemv_epilogue.py). Off by default: on the H200 the Llama-3.1-8B-shaped batch-1 decode
+# took 4.60 ms per step with it against 4.30 without (roofline fraction 0.76 against 0.82, ABAB;
+# benchmark/results/decode_roofline_ep*_h200_s23.json), though it removes one kernel per layer
+# and reads nothing more: with half the rows per weight block its programs keep half the bytes
+# in flight. SmolLM2's graph step was 0.678 against 0.695 ms.
+FUSED_GEMV_EPILOGUE_ENABLED: bool = _fused_gemv_epilogue_enabled()
+
+
+def use_fused_gemv_epilogue(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when gate_up_proj's GEMV of ``x @ weight.T`` should write silu(gate) * up itself
+    (gemv_epilogue.py): the epilogue is on (SGLANG_FUSED_GEMV_EPILOGUE), the SiLU-and-mul
+    prologue of the down GEMV is not (SGLANG_FUSED_GEMV_PROLOGUE without "silu": that one
+    wants gate_up), and the Triton GEMV would take x at one row (use_triton_gemv with
+    max_rows 1)."""
+    return (
+        FUSED_GEMV_EPILOGUE_ENABLED
+        and "silu" not in FUSED_GEMV_PROLOGUES
+        and use_triton_gemv(x, weight, 1)
+    )
+
+
 def _fused_rope_kv_enabled() -> bool:
     flag = env_flag("FUSED_ROPE_KV").strip().lower()
     return _triton_enabled() and flag not in _OFF
