@@ -74,3 +74,24 @@ def test_scheduler_reports_its_phases(tiny_model_dir, overlap) -> None:
     assert (secs["resolve"] > 0) == overlap
     assert secs["recv"] == 0.0  # submitted directly, not through the socket loop
     assert sum(secs.values()) <= wall
+
+
+def test_scheduler_counts_prefill_steps(tiny_model_dir) -> None:
+    """prefill_steps / prefill_reqs / prefill_tokens: three requests waiting together take one
+    prefill step; one arriving later takes its own; the tokens are the prompts' (no cache hit:
+    the prompts share no prefix)."""
+    s = make_scheduler(tiny_model_dir, device="cpu", dtype="float32")
+    prompts = [list(range(10 + 20 * i, 30 + 20 * i)) for i in range(4)]
+    for i in range(3):
+        submit(s, f"r{i}", prompts[i], {"max_new_tokens": 4, "temperature": 0})
+    run_until_idle(s, {})
+    submit(s, "r3", prompts[3], {"max_new_tokens": 4, "temperature": 0})
+    run_until_idle(s, {})
+    info = s.internal_state()
+    assert (info["prefill_steps"], info["prefill_reqs"]) == (2, 4)
+    assert info["prefill_tokens"] == sum(len(p) for p in prompts) - info_cached(info)
+
+
+def info_cached(info: dict) -> int:
+    """Prompt tokens served from the prefix cache (not computed by a prefill)."""
+    return round(info["cache_hit_rate"] * info["prompt_tokens"])

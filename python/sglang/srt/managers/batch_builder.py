@@ -186,6 +186,9 @@ class BatchBuilder:
         s.kv.assign_slots_many(reqs, [r.kv_len for r in reqs], list(extend_lens), slots)
         for req, n in zip(reqs, extend_lens, strict=True):
             req.extend_input_len = n
+        s.stats["prefill_steps"] += 1
+        s.stats["prefill_reqs"] += len(reqs)
+        s.stats["prefill_tokens"] += sum(extend_lens)
         final = [r.kv_len + n == r.seqlen for r, n in zip(reqs, extend_lens, strict=True)]
         return ScheduleBatch(
             reqs=reqs,

@@ -126,6 +126,11 @@ class Scheduler:
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "forward_steps": 0,
+            # prefill (extend) steps launched, the requests they took (a chunk counts each
+            # step) and the tokens they computed: how finely arrivals were batched
+            "prefill_steps": 0,
+            "prefill_reqs": 0,
+            "prefill_tokens": 0,
             "overlap_pipelined_steps": 0,  # launched while the previous step was in flight
             "overlap_drains": 0,  # in-flight step committed early because the next could not
             "overlap_discarded_tokens": 0,  # tokens of requests that finished a step earlier
