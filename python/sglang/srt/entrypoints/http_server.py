@@ -50,6 +50,7 @@ from sglang.srt.managers.request_validation import (
     json_too_deep_message,
     lone_surrogate_message,
     lone_surrogate_path,
+    raw_json_too_deep,
 )
 from sglang.srt.metrics.collector import CONTENT_TYPE, TokenizerMetricsCollector
 from sglang.srt.server_args import ServerArgs
@@ -114,6 +115,8 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
         try:  # what the OpenAI routes (FastAPI: json.loads) also read: 1e400, NaN, 2**64 ...
             data = json.loads(body)  # ... which the field checks then refuse by name
         except (ValueError, RecursionError):
+            if raw_json_too_deep(body):  # one wording whatever the parser's version says
+                raise OpenAIError(json_too_deep_message(), 400) from e
             raise OpenAIError(f"invalid JSON body: {e}", 400) from e
     if not isinstance(data, dict):
         raise OpenAIError("request body must be a JSON object", 400)
