@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sglang.srt.layers import triton_kernels
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -101,6 +102,8 @@ def linear_silu_mul_applies(x: torch.Tensor, linear: nn.Module) -> bool:
     MergedColumnParallelLinear of two equal halves (gate_up_proj; at any tp size each rank's
     weight is [gate shard | up shard]) that adds its own bias (of x's dtype, if any), x [1, H],
     and use_fused_gemv_epilogue(x, linear.weight)."""
+    if not triton_kernels.FUSED_GEMV_EPILOGUE_ENABLED:  # off by default: decided first
+        return False
     if not isinstance(linear, MergedColumnParallelLinear):
         return False
     sizes, bias = linear.output_sizes, linear.bias

@@ -68,7 +68,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         if linear_silu_mul_applies(x, self.gate_up_proj):  # one row, the epilogue on: one kernel
-            out, _ = self.down_proj(linear_silu_mul(x, self.gate_up_proj))  # [1, I / tp] in
+            out, _ = self.down_proj(linear_silu_mul(x, self.gate_up_proj))  # act [1, I / tp]
             return out
         gate_up, _ = self.gate_up_proj(x)  # [T, 2 * I / tp]
         return self.down(gate_up)

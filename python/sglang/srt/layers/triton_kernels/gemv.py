@@ -200,30 +200,38 @@ def _check_dot_tile(tile: GemvTile) -> None:
             )
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"gemv: x must be [M, K] with M in 1..{MAX_ROWS}, got {tuple(x.shape)}")
+def check_gemv_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    name: str = "gemv",
+    max_rows: int = MAX_ROWS,
+) -> None:
+    """The argument checks of a GEMV kernel named `name` taking 1..max_rows rows of x: raises
+    ValueError (the message starts with the name) for the cases gemv's docstring lists."""
+    if x.dim() != 2 or not 1 <= x.shape[0] <= max_rows:
+        raise ValueError(f"{name}: x must be [M, K] with M in 1..{max_rows}, got {tuple(x.shape)}")
     if weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(
-            f"gemv: weight must be [N, {x.shape[1]}] for x {tuple(x.shape)}, "
+            f"{name}: weight must be [N, {x.shape[1]}] for x {tuple(x.shape)}, "
             f"got {tuple(weight.shape)}"
         )
     if x.dtype not in _DTYPES or weight.dtype != x.dtype:
         raise ValueError(
-            f"gemv: x and weight must share one of float32/float16/bfloat16, "
+            f"{name}: x and weight must share one of float32/float16/bfloat16, "
             f"got {x.dtype} and {weight.dtype}"
         )
     if not weight.is_contiguous():
-        raise ValueError(f"gemv: weight must be contiguous, got strides {weight.stride()}")
+        raise ValueError(f"{name}: weight must be contiguous, got strides {weight.stride()}")
     if x.stride(1) != 1:
-        raise ValueError(f"gemv: x must have a unit stride along K, got strides {x.stride()}")
+        raise ValueError(f"{name}: x must have a unit stride along K, got strides {x.stride()}")
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
         raise ValueError(
-            f"gemv: bias must be [{weight.shape[0]}] {x.dtype}, "
+            f"{name}: bias must be [{weight.shape[0]}] {x.dtype}, "
             f"got {tuple(bias.shape)} {bias.dtype}"
         )
     if weight.device != x.device or (bias is not None and bias.device != x.device):
-        raise ValueError("gemv: x, weight and bias must be on one device")
+        raise ValueError(f"{name}: x, weight and bias must be on one device")
 
 
 def gemv(
@@ -244,7 +252,7 @@ def gemv(
     non-contiguous weight, x without a unit stride along K, or (M > 2) a tile whose block_n or
     block_k is not a power of two >= 16.
     """
-    _check(x, weight, bias)
+    check_gemv_args(x, weight, bias)
     m, k = x.shape
     if m > ELEMENTWISE_MAX_ROWS:
         return _run_dot(x, weight, bias, tile)
@@ -281,7 +289,7 @@ def gemv_dot(
     """The tl.dot kernel that ``gemv`` runs for M > 2, for any M in 1..8 (so that
     bench_gemv.py can time it at M = 1 and 2 too); same arguments, result and errors as
     ``gemv``. `tile` overrides `pick_tile(N, K, 3)`."""
-    _check(x, weight, bias)
+    check_gemv_args(x, weight, bias)
     return _run_dot(x, weight, bias, tile)
 
 

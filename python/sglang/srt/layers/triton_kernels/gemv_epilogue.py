@@ -29,10 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.triton_kernels.gemv import GemvTile, pick_tile, weight_tile
+from sglang.srt.layers.triton_kernels.gemv import (
+    GemvTile,
+    check_gemv_args,
+    pick_tile,
+    weight_tile,
+)
 from sglang.srt.layers.triton_kernels.rmsnorm import round_to
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -99,32 +102,13 @@ def gemv_silu_mul(
     Raises ValueError for x not one row, an odd number of weight rows, mismatched shapes,
     dtypes or devices, a non-contiguous weight or x without a unit stride along K.
     """
-    if x.dim() != 2 or x.shape[0] != 1:
-        raise ValueError(f"gemv_silu_mul: x must be [1, K], got {tuple(x.shape)}")
-    k = x.shape[1]
-    if weight.dim() != 2 or weight.shape[1] != k or weight.shape[0] % 2:
+    check_gemv_args(x, weight, bias, "gemv_silu_mul", max_rows=1)
+    if weight.shape[0] % 2:
         raise ValueError(
-            f"gemv_silu_mul: weight must be [2 * I, {k}] for x {tuple(x.shape)}, "
+            f"gemv_silu_mul: weight must be [2 * I, K] (gate rows, then up rows), "
             f"got {tuple(weight.shape)}"
         )
-    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
-        raise ValueError(
-            f"gemv_silu_mul: x and weight must share one of float32/float16/bfloat16, "
-            f"got {x.dtype} and {weight.dtype}"
-        )
-    if not weight.is_contiguous() or x.stride(1) != 1:
-        raise ValueError(
-            f"gemv_silu_mul: weight must be contiguous and x have a unit stride along K, "
-            f"got strides {weight.stride()} and {x.stride()}"
-        )
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype):
-        raise ValueError(
-            f"gemv_silu_mul: bias must be [{weight.shape[0]}] {x.dtype}, "
-            f"got {tuple(bias.shape)} {bias.dtype}"
-        )
-    if weight.device != x.device or (bias is not None and bias.device != x.device):
-        raise ValueError("gemv_silu_mul: x, weight and bias must be on one device")
-    inter = weight.shape[0] // 2
+    k, inter = x.shape[1], weight.shape[0] // 2
     tile = tile or epilogue_tile(weight.shape[0], k)
     y = torch.empty((1, inter), dtype=x.dtype, device=x.device)
     if inter == 0:
