@@ -85,6 +85,10 @@
 #                                    # session): its GPU tests, the 8B batch-1 roofline with
 #                                    # SGLANG_FUSED_GEMV_EPILOGUE = 0, 1, 0, 1, then SmolLM2
 #                                    # batch-1 steps with it off and on
+#   bash scripts/gpu_diagnose.sh GN  # the RMSNorm GEMV prologue's scaled kernel (twenty-fourth
+#                                    # session): its GPU tests, the 8B batch-1 roofline with
+#                                    # SGLANG_FUSED_GEMV_PROLOGUE = 0, norm, 0, norm, then
+#                                    # SmolLM2 batch-1 steps with it off and on
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -473,6 +477,26 @@ for r in json.load(open(sys.argv[1]))['rows']:
         --batch-size 1 --steps 256 --modes overlap
     done
     ;;
+  GN)  # the RMSNorm prologue's scaled kernel: its GPU tests, then ABAB with it off / on
+    timeout -k 5 "$(box "${GN_TEST_S:-120}")" python3 -m pytest test/srt/test_fused_gemv_prologue.py \
+      -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_norm_prologue_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_norm_prologue_$TAG.log"
+    cp "$D/gpu_validate_norm_prologue_$TAG.log" "$OUT"/
+    for knob in 0 norm 0 norm; do
+      [ "$(left)" -lt 90 ] && { echo "no time left for the roofline at $knob"; break; }
+      n=$(ls "$D"/decode_roofline_np"$knob"_*"$TAG".json 2>/dev/null | wc -l)
+      SGLANG_FUSED_GEMV_PROLOGUE=$knob timeout -k 5 "$(box 110)" \
+        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
+        --result-file "$D/decode_roofline_np${knob}_r${n}_$TAG.json" > "$D/roofline_$knob.log" 2>&1
+      echo "roofline prologue=$knob rc=$? at $(( $(date +%s) - T0 )) s"
+      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
+        "$D/decode_roofline_np${knob}_r${n}_$TAG.json" 2>/dev/null | head -3
+    done
+    for knob in 0 norm; do
+      SGLANG_FUSED_GEMV_PROLOGUE=$knob profile "decode_step_smollm2_bs1_np${knob}_$TAG" 60 \
+        --batch-size 1 --steps 256 --modes overlap
+    done
+    ;;
   X)
     timeout -k 5 "$(box "${X_TEST_S:-90}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
       test/srt/test_overlap_schedule.py -k "engine_graphs or flags_match or replay_equals_eager" \
@@ -481,7 +505,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .

@@ -1,11 +1,11 @@
 """Linear layers fused with the elementwise op next to them at batch 1 (issue 6): RMSNorm ->
 qkv_proj / gate_up_proj and SiLU-and-mul -> down_proj as one GEMV each
-(triton_kernels/gemv_prologue.py, off by default), and gate_up_proj -> SiLU-and-mul as one GEMV
-(triton_kernels/gemv_epilogue.py, linear_silu_mul).
+(triton_kernels/gemv_prologue.py: the RMSNorm one on by default), and gate_up_proj ->
+SiLU-and-mul as one GEMV (triton_kernels/gemv_epilogue.py, linear_silu_mul).
 
 Each ``*_applies`` check says whether the fused kernel may replace the unfused pair: the GEMV
 would take the unfused path's input (use_fused_gemv_prologue: one bf16/fp16 row on CUDA, the
-GEMV enabled, the kind named in SGLANG_FUSED_GEMV_PROLOGUE: off by default, see
+GEMV enabled, the kind named in SGLANG_FUSED_GEMV_PROLOGUE: "norm" by default, see
 triton_kernels/__init__.py), tensor-parallel size 1, the plain RMSNorm,
 and a bias the GEMV adds as apply_linear does. Otherwise callers run the unfused modules.
 """
@@ -58,7 +58,8 @@ def rmsnorm_linear(
     x: torch.Tensor,
     residual: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(linear(norm(h))[0], h) for h = x + residual (or x when residual is None), as one kernel.
+    """(linear(norm(h))[0], h) for h = x + residual (or x when residual is None), as one kernel
+    (gemv_rmsnorm's scaled kernel, or its exact one under SGLANG_FUSED_GEMV_NORM_EXACT=1).
 
     x: [1, H]; residual: None or [1, H]; call only where rmsnorm_linear_applies is true.
     Returns ([1, N] in x's dtype, h [1, H]: a new tensor, or x itself without a residual).
@@ -66,7 +67,15 @@ def rmsnorm_linear(
     """
     from sglang.srt.layers.triton_kernels.gemv_prologue import gemv_rmsnorm
 
-    y, h = gemv_rmsnorm(x, norm.weight, norm.variance_epsilon, linear.weight, linear.bias, residual)
+    y, h = gemv_rmsnorm(
+        x,
+        norm.weight,
+        norm.variance_epsilon,
+        linear.weight,
+        linear.bias,
+        residual,
+        exact=triton_kernels.NORM_PROLOGUE_EXACT,
+    )
     return y, (x if h is None else h)
 
 

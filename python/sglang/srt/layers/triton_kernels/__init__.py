@@ -14,8 +14,9 @@ takes one row unless SGLANG_TRITON_GEMV_MAX_ROWS raises that to up to 8 (the ker
 the default stays 1: on the H200 it at best ties cuBLAS at M = 2..8, gemv_rows1-8_h200_s21.json).
 Where the GEMV applies, ``use_fused_gemv_prologue`` can also let it compute its own input
 (gemv_prologue.py: RMSNorm before qkv/gate_up, SiLU-and-mul before down; layers/fused_linear.py):
-off unless SGLANG_FUSED_GEMV_PROLOGUE names them (1 / all, norm, silu), since both together
-made the 8B-shaped batch-1 decode slower on the H200.
+the RMSNorm one by default (its scaled kernel), the SiLU one only where
+SGLANG_FUSED_GEMV_PROLOGUE names it (1 / all, norm, silu; 0 turns both off), since it made the
+8B-shaped batch-1 decode slower on the H200.
 RoPE fused with the KV store (rope_kv.py) runs where ``use_fused_rope_kv(q)`` is true and the
 layer's step qualifies (layers/fused_rope_kv.py); SGLANG_FUSED_ROPE_KV=0 turns only it off.
 The kernel modules import triton, so they are imported lazily, never on a CPU-only run.
@@ -140,15 +141,24 @@ def use_triton_gemv(x: torch.Tensor, weight: torch.Tensor, max_rows: int | None 
 
 
 GEMV_PROLOGUE_KINDS = ("norm", "silu")
+# On by default: the RMSNorm prologue with its scaled kernel (gemv_prologue.py). On the H200
+# (twenty-fourth session, ABAB, decode_roofline_np*_h200_s24.json) the Llama-3.1-8B-shaped
+# batch-1 decode took 4.243 / 4.246 ms per step with it against 4.254 / 4.255 without, and
+# SmolLM2's batch-1 decode graph 0.660 against 0.698 ms (decode_step_smollm2_bs1_np*). The SiLU
+# prologue stays off: it made the 8B step slower (4.78 against 4.47 ms, fourteenth session).
+DEFAULT_GEMV_PROLOGUES = frozenset({"norm"})
 
 
 def _fused_gemv_prologues() -> frozenset[str]:
-    """The GEMV prologues SGLANG_FUSED_GEMV_PROLOGUE turns on: unset, "", "0", "off", "false",
-    "no" none; "1", "on", "true", "yes", "all" both; else a comma list of "norm" (RMSNorm before
-    qkv_proj / gate_up_proj) and "silu" (SiLU-and-mul before down_proj).
+    """The GEMV prologues SGLANG_FUSED_GEMV_PROLOGUE turns on: unset or "" the RMSNorm one
+    (DEFAULT_GEMV_PROLOGUES); "0", "off", "false", "no" none; "1", "on", "true", "yes", "all"
+    both; else a comma list of "norm" (RMSNorm before qkv_proj / gate_up_proj) and "silu"
+    (SiLU-and-mul before down_proj).
     Raises ValueError naming the variable for any other value."""
     flag = env_flag("FUSED_GEMV_PROLOGUE").strip().lower()
-    if flag in ("", *_OFF):
+    if flag == "":
+        return DEFAULT_GEMV_PROLOGUES
+    if flag in _OFF:
         return frozenset()
     if flag in (*_ON, "all"):
         return frozenset(GEMV_PROLOGUE_KINDS)
@@ -162,14 +172,29 @@ def _fused_gemv_prologues() -> frozenset[str]:
     return kinds
 
 
-# Decided once at import; off by default: on the H200 the Llama-3.1-8B-shaped batch-1 decode
-# took 5.59 ms per step with both prologues against 4.51 without (roofline fraction 0.63 against
-# 0.78; benchmark/results/decode_roofline_prologue*_h200_s14.json). The GEMV's own switches
-# still apply (use_fused_gemv_prologue).
+# Decided once at import (DEFAULT_GEMV_PROLOGUES unless SGLANG_FUSED_GEMV_PROLOGUE says
+# otherwise). The exact RMSNorm kernel and both prologues together were slower on the H200 (5.59
+# ms per step against 4.51 without, fourteenth session; decode_roofline_prologue*_h200_s14.json).
+# The GEMV's own switches still apply (use_fused_gemv_prologue).
 FUSED_GEMV_PROLOGUES: frozenset[str] = _fused_gemv_prologues()
 
-# Largest hidden size the RMSNorm prologue takes: each program reduces the whole row at once.
+# Largest hidden size the RMSNorm prologue takes: its exact kernel holds the whole row in each
+# program.
 NORM_PROLOGUE_MAX_HIDDEN = 16384
+
+
+def _norm_prologue_exact() -> bool:
+    """SGLANG_FUSED_GEMV_NORM_EXACT: "1" / "on" / "true" / "yes" make the RMSNorm prologue round
+    as the unfused kernels do (gemv_prologue.py's exact kernel); unset or "0" / "off" / "false"
+    / "no": the scaled kernel. Raises ValueError naming the variable for any other value."""
+    flag = env_flag("FUSED_GEMV_NORM_EXACT").strip().lower()
+    if flag not in ("", *_ON, *_OFF):
+        raise ValueError(f"SGLANG_FUSED_GEMV_NORM_EXACT={flag!r}: expected 0 or 1")
+    return flag in _ON
+
+
+# Decided once at import: which kernel the RMSNorm prologue runs (gemv_rmsnorm's `exact`).
+NORM_PROLOGUE_EXACT: bool = _norm_prologue_exact()
 
 
 def use_fused_gemv_prologue(x: torch.Tensor, weight: torch.Tensor, kind: str) -> bool:

@@ -3,20 +3,25 @@ the residual add) before qkv_proj / gate_up_proj, SiLU-and-mul before down_proj.
 small kernel before the GEMV, its launch gap in the CUDA graph, and one round trip of the
 [1, H] or [1, I] row through memory.
 
-Rounding is that of the unfused Triton path (rmsnorm.py or activation.py, then gemv.py with the
-same tile), step by step: the residual sum, the normed row before and after the weight
-multiply, silu(g) and silu(g) * u are each rounded to the dtype where those kernels round them;
-the products with W then accumulate in float32 in the GEMV's order. Every GEMV program
-recomputes the input tiles it multiplies (a few flops per input element, per program).
+Rounding of the SiLU-and-mul GEMV is that of the unfused Triton path (activation.py, then
+gemv.py with the same tile): silu(g) and silu(g) * u are rounded to the dtype where those kernels
+round them and the products with W accumulate in float32 in the GEMV's order, so it equals the
+unfused path bit for bit (tested under the interpreter). Every program recomputes the input
+tiles it multiplies (a few flops per input element, per program).
 
-Exactness: the SiLU-and-mul GEMV does the same elementwise operations before the GEMV, so it
-equals the unfused path bit for bit (tested under the interpreter; the same test on a GPU has
-not been run yet). The RMSNorm GEMV reduces sum(h^2) over the whole row like rmsnorm.py (one
-``tl.sum`` over next_power_of_2(H) lanes); under Triton's interpreter that reduction runs in the
-same order, so the result is bit-identical. Compiled on a GPU, the order of ``tl.sum`` depends
-on the layout, i.e. on num_warps (16 warps for rmsnorm at H = 4096, the GEMV tile's 4 or 8
-here), so the variance may differ in its last float32 bit; a normed bf16 element then rounds one
-step differently when it lies within that bit of a rounding boundary (rare, and one bf16 step).
+The RMSNorm GEMV has two kernels (gemv_rmsnorm's `exact`):
+- scaled (the layers' default, NORM_PROLOGUE_EXACT off): since 1/rms(h) is one scalar per row,
+  y = (sum_k W[n, k] h_k g_k) / rms(h). The K loop accumulates W * (h * g) and sum(h^2)
+  together and scales once at the end, so no program waits for a pass over the row before it
+  streams weights. The normed row is not rounded to the dtype in between, so y differs from
+  the unfused path by about one rounding of the output (within bf16 tolerance; not bitwise).
+- exact: every program first reduces sum(h^2) over the whole row like rmsnorm.py (one
+  ``tl.sum`` over next_power_of_2(H) lanes), then rounds the normed row where rmsnorm.py does;
+  under Triton's interpreter the result is bit-identical to the unfused path. Compiled, the
+  order of ``tl.sum`` depends on num_warps (16 for rmsnorm at H = 4096, the tile's 4 or 8 here),
+  so a normed bf16 element can round one step differently. On the H200 it made the 8B-shaped
+  batch-1 decode slower (4.47 -> 5.24 ms per step, fourteenth session): the pre-pass delays
+  every program's weight stream.
 """
 
 from __future__ import annotations
@@ -56,23 +61,26 @@ def _gemv_rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    EXACT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     dtype = x_ptr.dtype.element_ty
-    # 1/rms(h) over the whole row, reduced exactly as rmsnorm.py does (every program repeats it).
-    cols = tl.arange(0, BLOCK_H)
-    h32 = _residual_sum(x_ptr, res_ptr, cols, cols < H, HAS_RESIDUAL).to(tl.float32)
-    variance = tl.sum(h32 * h32, axis=0) / H
-    rstd = tl.rsqrt(variance + eps)
+    if EXACT:
+        # 1/rms(h) over the whole row, reduced exactly as rmsnorm.py does (every program
+        # repeats it before its K loop).
+        cols = tl.arange(0, BLOCK_H)
+        h32 = _residual_sum(x_ptr, res_ptr, cols, cols < H, HAS_RESIDUAL).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(h32 * h32, axis=0) / H + eps)
 
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * H  # [BLOCK_N, 1] pointers
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_K], dtype=tl.float32)  # scaled mode: sum of h^2 per lane
     for k0 in range(0, H, BLOCK_K):
         kk = k0 + offs_k
         mask_k = kk < H
@@ -80,11 +88,19 @@ def _gemv_rmsnorm_kernel(
         if HAS_RESIDUAL:
             if pid == 0:
                 tl.store(res_out_ptr + kk, h, mask=mask_k)
-        normed = round_to(h.to(tl.float32) * rstd, dtype)
-        nw = tl.load(nw_ptr + kk, mask=mask_k, other=0.0)
-        xk = round_to(normed.to(tl.float32) * nw.to(tl.float32), dtype).to(tl.float32)
+        nw = tl.load(nw_ptr + kk, mask=mask_k, other=0.0).to(tl.float32)
+        if EXACT:
+            normed = round_to(h.to(tl.float32) * rstd, dtype)
+            xk = round_to(normed.to(tl.float32) * nw, dtype).to(tl.float32)
+        else:
+            h32 = h.to(tl.float32)
+            sq += h32 * h32
+            xk = h32 * nw
         acc += weight_tile(w_rows, kk, mask_n, mask_k) * xk[None, :]
     y = tl.sum(acc, axis=1)  # [BLOCK_N] float32
+    if not EXACT:
+        # sum_k W[n, k] h_k g_k / rms(h): the row's scale applied once, after the K loop
+        y = y * tl.rsqrt(tl.sum(sq, axis=0) / H + eps)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, round_to(y, dtype), mask=mask_n)
@@ -151,18 +167,27 @@ def gemv_rmsnorm(
     residual: torch.Tensor | None = None,
     *,
     tile: GemvTile | None = None,
+    exact: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``linear(rmsnorm(x + residual))`` for one row in one kernel: with h = x + residual (or x),
-    y = (weight * h / sqrt(mean(h^2) + eps) * norm_weight) @ W^T + b, rounded as
-    ``rmsnorm(x, norm_weight, eps, residual)`` then ``gemv(normed, weight, bias)`` round it.
+    y = (h / sqrt(mean(h^2) + eps) * norm_weight) @ W^T + b.
+
+    exact=False (the layers' default, NORM_PROLOGUE_EXACT): the K loop multiplies W by
+    h * norm_weight in float32 while it sums h^2, and y is scaled by 1/rms(h) once after the
+    loop, so the GEMV streams its weights from the first instruction; the normed row is never
+    rounded to the dtype, so y can differ from the unfused path by about one rounding step
+    of the output. exact=True: every program first reduces sum(h^2) over the whole row, then
+    rounds as ``rmsnorm(x, norm_weight, eps, residual)`` then ``gemv(normed, weight, bias)``
+    do (bit for bit under the interpreter).
 
     x: [1, H] float32/float16/bfloat16, unit last stride; residual: None or like x;
     norm_weight: [H]; weight: [N, H] contiguous; bias: None or [N]; all of x's dtype and device.
     Returns (y [1, N] contiguous in x's dtype, residual_out): residual_out is a new [1, H]
-    tensor h when residual is given (program 0 writes it), else None. Inputs are not modified.
-    `tile` overrides pick_tile(N, H), which the unfused gemv also uses.
+    tensor h (x + residual rounded to the dtype) when residual is given (program 0 writes it),
+    else None. Inputs are not modified. `tile` overrides pick_tile(N, H), which the unfused
+    gemv also uses.
     Raises ValueError for other shapes, dtypes, devices or strides, or H above
-    NORM_PROLOGUE_MAX_HIDDEN (every program reduces the whole row at once).
+    NORM_PROLOGUE_MAX_HIDDEN (the exact kernel holds the whole row in one program).
     """
     hidden = x.shape[-1] if x.dim() == 2 else -1
     _check_row("gemv_rmsnorm: x", x, hidden, x.dtype)
@@ -201,7 +226,8 @@ def gemv_rmsnorm(
             float(eps),
             HAS_RESIDUAL=residual is not None,
             HAS_BIAS=bias is not None,
-            BLOCK_H=triton.next_power_of_2(hidden),
+            EXACT=exact,
+            BLOCK_H=triton.next_power_of_2(hidden) if exact else 16,  # the exact pre-pass's
             BLOCK_N=tile.block_n,
             BLOCK_K=tile.block_k,
             num_warps=tile.num_warps,
