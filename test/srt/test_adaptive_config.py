@@ -30,6 +30,10 @@ def test_config_parsing_and_validation(tmp_path):
     with pytest.raises(ValueError, match=r"'probe_every' must be an integer >= 0, got -1$"):
         parse_adaptive_config('{"probe_every": -1}')
     assert parse_adaptive_config('{"probe_every": 0}').probe_every == 0
+    assert parse_adaptive_config(None).recheck_shrink == 0.125
+    assert parse_adaptive_config('{"recheck_shrink": 0}').recheck_shrink == 0.0
+    with pytest.raises(ValueError, match=r"'recheck_shrink' must be .*, got 1$"):
+        parse_adaptive_config('{"recheck_shrink": 1}')
     assert parse_adaptive_config('{"time_model": {"draft_reqs": 0.001}}').time_model == {
         "draft_reqs": 0.001
     }

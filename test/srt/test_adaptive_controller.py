@@ -52,6 +52,34 @@ def test_all_zero_reuse_window_doubles_up_to_recheck_max():
     assert runs_over(3, reqs[:3]) == [0, 2]  # after drafting the window starts at 2 again
 
 
+def test_all_zero_choice_survives_small_dips_of_a_large_batch():
+    """recheck_shrink: at batch 64 an all-zero choice is reused while the batch stays at 56 or
+    more (a dip of up to 1/8, as requests finish and their successors are still in prefill);
+    55 re-runs the policy at once and resets the window. recheck_shrink 0 re-runs on any
+    shrink."""
+
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    def runs(ctl, sizes: list[int], reqs: list) -> list[int]:
+        out = []
+        for step, bs in enumerate(sizes):
+            if not ctl.reuse_zero(reqs[:bs]):
+                assert ctl.choose(reqs[:bs], [K] * bs) == [0] * bs
+                out.append(step)
+        return out
+
+    reqs = [pending_req(i) for i in range(64)]
+    nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
+    dips = [64, 63, 57, 55, 64, 60, 58, 57, 56]
+    for shrink, expected in ((0.125, [0, 3, 7]), (0.0, [0, 1, 2, 3, 7, 8])):
+        cfg = {"recheck_every": 4, "recheck_max": 4, "recheck_shrink": shrink}
+        ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=64)
+        ctl.time_model = nothing_pays
+        # 0.125: runs at 0 (the first), 3 (55 < 64 - 8: a shrink, inside the window) and 7
+        # (the window of 4 from step 3 is over); 0: at every new low too (63, 57, 55, 56)
+        assert runs(ctl, dips, reqs) == expected, shrink
+
+
 def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     """recheck_every: an all-zero decision skips the policy (and the caps) for the next
     recheck_every - 1 steps while the batch has at least as many requests (new requests,

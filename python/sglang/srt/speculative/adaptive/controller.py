@@ -126,10 +126,11 @@ class AdaptiveController:
 
     def reuse_zero(self, reqs: Sequence[Any]) -> bool:
         """True (and one reuse counted) when the goodput policy's last run chose all zeros,
-        less than its reuse window ago, for a batch no larger than this one: the policy is not
-        run this step. The window is cfg.recheck_every steps after a run that drafted or saw a
-        smaller batch, and doubles (up to max(cfg.recheck_max, cfg.recheck_every)) with each
-        further all-zero run on a batch at least as large. Under load, where requests join and
+        less than its reuse window ago, for a batch that has not shrunk since (_shrunk: by more
+        than cfg.recheck_shrink): the policy is not run this step. The window is
+        cfg.recheck_every steps after a run that drafted or saw a shrunk batch, and doubles
+        (up to max(cfg.recheck_max, cfg.recheck_every)) with each further all-zero run on a
+        batch that has not shrunk. Under load, where requests join and
         finish nearly every step, this keeps the decision's host cost (the policy's numpy
         work, ~0.1-0.7 ms per run on the CPU machine, more on a GPU host where it competes for
         the GIL with the worker's launches, plus each request's cap) off almost every step.
@@ -137,14 +138,26 @@ class AdaptiveController:
         A heuristic with a bounded delay: a larger batch or a newly joined request (at the
         server-wide acceptance prior) can make drafting pay, and that is then seen at the
         recheck, at most one window late (recheck_max - 1 steps once the policy has kept
-        choosing zeros for a while); a smaller batch re-runs the policy at once and resets
+        choosing zeros for a while), and so is a batch that shrank by less than
+        cfg.recheck_shrink; a batch that shrank more re-runs the policy at once and resets
         the window. The fixed and tiers baselines are never reused (they cost almost nothing
         and must do what they are configured to do, e.g. a tier table that drafts more for
         larger batches). Zeros are within any caps."""
-        if self._zero_left <= 0 or len(reqs) < self._zero_bs:
+        if self._zero_left <= 0 or self._shrunk(len(reqs)):
             return False
         self._zero_left -= 1
         return True
+
+    def _shrunk(self, bs: int) -> bool:
+        """Whether a batch of bs requests is smaller than the one the last all-zero run saw
+        (_zero_bs) by more than cfg.recheck_shrink of it (rounded down, so below 8 requests at
+        the default 1/8 any shrink counts). Under load the decode batch dips by a request or
+        two nearly every step (requests finish; their successors join after their prefill),
+        and when every dip re-ran the policy and reset its window, the policy ran on about a
+        third of the steps at batch 64 (CPU machine, staggered requests; ~0.5 ms per run
+        there). A dip that small barely changes what a step costs per request, so it waits
+        for the recheck; a real shrink (a burst draining) still re-runs at once."""
+        return bs < self._zero_bs - int(self._zero_bs * self.cfg.recheck_shrink)
 
     def drafting_off(self) -> bool:
         """True while speculation is off for the server: the goodput policy's last run chose
@@ -178,7 +191,7 @@ class AdaptiveController:
             chosen = [0] * len(reqs)  # drafting delivered less at this batch size lately
         else:
             chosen = self._run_policy(reqs, caps, remaining)
-        if any(chosen) or len(reqs) < self._zero_bs:  # back to the shortest window
+        if any(chosen) or self._shrunk(len(reqs)):  # back to the shortest window
             self._zero_window = self.cfg.recheck_every
         self._all_zero = self.policy.name == "goodput" and not any(chosen)
         if any(chosen):

@@ -10,6 +10,9 @@ The config is a JSON object (inline, or the path of a file holding one); every k
                                                  # the next 3 steps unless the batch shrinks
      "recheck_max": 32,                          # ... and the reuse doubles up to 32 steps
                                                  # while the policy keeps choosing all zeros
+     "recheck_shrink": 0.125,                    # "shrinks": by more than this fraction of
+                                                 # the batch the policy last ran on (floor;
+                                                 # below 8 requests any shrink)
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
@@ -62,6 +65,7 @@ class AdaptiveConfig:
     hysteresis: float = 0.02
     recheck_every: int = 4
     recheck_max: int = 32
+    recheck_shrink: float = 0.125
     initial_accept: float = 0.7
     server_prior_count: float = 8.0
     prior_strength: float = 4.0
@@ -161,6 +165,7 @@ _CHECKS = {
     "hysteresis": lambda v: _number("hysteresis", v, 0.0, 1.0),
     "recheck_every": lambda v: _int("recheck_every", v, 1),
     "recheck_max": lambda v: _int("recheck_max", v, 1),
+    "recheck_shrink": lambda v: _number("recheck_shrink", v, 0.0, 0.99),
     "catchup_horizon": lambda v: _int("catchup_horizon", v, 1),
     "initial_accept": lambda v: _number("initial_accept", v, 0.0, 1.0),
     "server_prior_count": lambda v: _number("server_prior_count", v, 0.0, 1e9, lo_open=True),
