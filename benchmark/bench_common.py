@@ -215,6 +215,21 @@ def measure_copy_bandwidth(n_bytes: int, device: str, iters: int = 10) -> dict[s
     }
 
 
+def tiny_target_and_draft() -> tuple[str, str]:
+    """The CPU host-cost benchmarks' models: one torch thread, then a tiny random Llama
+    (sglang.test.tiny_models) and a tiny EAGLE-3 draft for it (sglang.test.tiny_eagle3) in a
+    fresh temporary folder. Returns (model dir, draft dir)."""
+    import tempfile
+
+    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
+    from sglang.test.tiny_models import make_tiny_model_dir
+
+    torch.set_num_threads(1)
+    d = tempfile.mkdtemp()
+    model = make_tiny_model_dir(d + "/m")
+    return model, make_tiny_eagle3_dir(d + "/e", model)
+
+
 def plain_and_adaptive_no_drafts(draft: str, k: int = 3) -> dict[str, dict]:
     """Scheduler kwargs of the two CPU host-cost configurations: `plain` (no speculation) and
     `adaptive_no_drafts` (EAGLE-3 with `draft`, K = k, --speculative-adaptive under a fixed

@@ -36,10 +36,13 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
 
-import torch
-from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
+from bench_common import (
+    append_run,
+    git_commit_of_cwd,
+    plain_and_adaptive_no_drafts,
+    tiny_target_and_draft,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PHASES = [
@@ -237,13 +240,7 @@ def main() -> None:
     )
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
-    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
-    from sglang.test.tiny_models import make_tiny_model_dir
-
-    torch.set_num_threads(1)
-    d = tempfile.mkdtemp()
-    model = make_tiny_model_dir(d + "/m")
-    draft = make_tiny_eagle3_dir(d + "/e", model)
+    model, draft = tiny_target_and_draft()
     result = {"label": a.label, "git_commit_of_cwd": git_commit_of_cwd()}
     for bs in a.batch_sizes:
         result[f"bs{bs}"] = count(model, draft, bs, a.steps, a.where, tuple(a.drafting_k))

@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import timeit
 
 import numpy as np
-import torch
-from bench_common import PhaseTimers, append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
+from bench_common import (
+    PhaseTimers,
+    append_run,
+    git_commit_of_cwd,
+    plain_and_adaptive_no_drafts,
+    tiny_target_and_draft,
+)
 
 
 def policy_ms() -> dict:
@@ -86,13 +90,8 @@ def observe_us() -> dict:
 
 def scheduler_ms(bs: int, staggered: bool = False) -> dict:
     from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
-    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
-    from sglang.test.tiny_models import make_tiny_model_dir
 
-    torch.set_num_threads(1)
-    d = tempfile.mkdtemp()
-    model = make_tiny_model_dir(d + "/m")
-    draft = make_tiny_eagle3_dir(d + "/e", model)
+    model, draft = tiny_target_and_draft()
     cfgs = plain_and_adaptive_no_drafts(draft)
     # the same with prefills running the draft extend (as before the deferred draft extend)
     eager = dict(cfgs["adaptive_no_drafts"])

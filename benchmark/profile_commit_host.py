@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 
-import torch
-from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
+from bench_common import (
+    append_run,
+    git_commit_of_cwd,
+    plain_and_adaptive_no_drafts,
+    tiny_target_and_draft,
+)
 
 PHASES = ("plan", "build", "commit", "flush")
 
@@ -75,13 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--label", default="current")
     p.add_argument("--result-file", default=None)
     args = p.parse_args(argv)
-    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
-    from sglang.test.tiny_models import make_tiny_model_dir
-
-    torch.set_num_threads(1)
-    d = tempfile.mkdtemp()
-    model = make_tiny_model_dir(d + "/m")
-    cfgs = plain_and_adaptive_no_drafts(make_tiny_eagle3_dir(d + "/e", model))
+    model, draft = tiny_target_and_draft()
+    cfgs = plain_and_adaptive_no_drafts(draft)
     rounds: dict[str, list[dict]] = {name: [] for name in cfgs}
     for _ in range(args.rounds):
         for name, kw in cfgs.items():

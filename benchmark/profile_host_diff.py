@@ -27,11 +27,14 @@ import argparse
 import cProfile
 import gc
 import pstats
-import tempfile
 
 import numpy as np
-import torch
-from bench_common import append_run, git_commit_of_cwd, plain_and_adaptive_no_drafts
+from bench_common import (
+    append_run,
+    git_commit_of_cwd,
+    plain_and_adaptive_no_drafts,
+    tiny_target_and_draft,
+)
 from count_step_ops import graph_path
 
 # The scheduler step's phases and the adaptive server's own parts (module:function).
@@ -108,13 +111,7 @@ def main() -> None:
     p.add_argument("--label", default="current tree")
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
-    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
-    from sglang.test.tiny_models import make_tiny_model_dir
-
-    torch.set_num_threads(1)
-    d = tempfile.mkdtemp()
-    model = make_tiny_model_dir(d + "/m")
-    draft = make_tiny_eagle3_dir(d + "/e", model)
+    model, draft = tiny_target_and_draft()
     runs = {
         name: profile(model, kw, a.batch_size, a.steps_per_request)
         for name, kw in plain_and_adaptive_no_drafts(draft).items()

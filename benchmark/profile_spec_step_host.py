@@ -23,11 +23,10 @@ import io
 import pstats
 import shlex
 import sys
-import tempfile
 import time
 
 import torch
-from bench_common import append_run, git_commit_of_cwd
+from bench_common import append_run, git_commit_of_cwd, tiny_target_and_draft
 
 
 def step_ms(model: str, spec: dict, bs: int, steps: int, top: int) -> tuple[float, str]:
@@ -60,9 +59,6 @@ def step_ms(model: str, spec: dict, bs: int, steps: int, top: int) -> tuple[floa
 
 
 def main() -> None:
-    from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
-    from sglang.test.tiny_models import make_tiny_model_dir
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--k", type=int, default=3)
@@ -72,11 +68,8 @@ def main() -> None:
     p.add_argument("--label", default="")
     p.add_argument("--result-file", default=None)
     a = p.parse_args()
-    torch.set_num_threads(1)
+    model, draft = tiny_target_and_draft()
     torch.set_grad_enabled(False)
-    d = tempfile.mkdtemp()
-    model = make_tiny_model_dir(d + "/m")
-    draft = make_tiny_eagle3_dir(d + "/e", model)
     cfgs = {
         "plain": {},
         f"static_k{a.k}": dict(
