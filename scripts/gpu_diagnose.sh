@@ -134,6 +134,21 @@ profile() {  # result name, seconds, extra profile_decode_step.py flags...
     "$D/$name.json" 2>/dev/null
 }
 
+roofline_abab() {  # env var, file tag, box (s), knob values in run order: the 8B batch-1 roofline
+  # once per value, each a fresh process, as decode_roofline_<tag><value>_r<n>_$TAG.json
+  local var=$1 short=$2 secs=$3 knob n f
+  shift 3
+  for knob in "$@"; do
+    [ "$(left)" -lt $((secs - 20)) ] && { echo "no time left for the roofline at $var=$knob"; break; }
+    n=$(ls "$D"/decode_roofline_"$short$knob"_*"$TAG".json 2>/dev/null | wc -l)
+    f="$D/decode_roofline_$short${knob}_r${n}_$TAG.json"
+    env "$var=$knob" timeout -k 5 "$(box "$secs")" python3 benchmark/bench_decode_roofline.py \
+      --repeats 1 --copy-gib 2 --result-file "$f" > "$D/roofline_$short$knob.log" 2>&1
+    echo "roofline $var=$knob rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' "$f" 2>/dev/null | head -3
+  done
+}
+
 launch_ab() {  # SmolLM2 server sweeps with SGLANG_OVERLAP_THREAD=0 then 1 (the rest of the box)
   for t in 0 1; do
     SGLANG_OVERLAP_THREAD=$t TAG=${TAG}_thread$t PART_BUDGET_S=$(( $(left) / (2 - t) - 10 )) \
@@ -427,28 +442,10 @@ for r in json.load(open(sys.argv[1]))['rows']:
 for r in json.load(open(sys.argv[1]))['rows']:
     print(r['bs'], r['seq_len'], *(f'{k}={r[k]:.1f}' for k in r if k.endswith('layers_us')))" \
       "$D/attn_decode_fused_$TAG.json" 2>&1 | tail -10
-    for fm in 1 0 1 0; do
-      [ "$(left)" -lt 40 ] && { echo "no time left for the roofline at fused merge $fm"; break; }
-      n=$(ls "$D"/decode_roofline_fm"$fm"_*"$TAG".json 2>/dev/null | wc -l)
-      SGLANG_TRITON_DECODE_FUSED_MERGE=$fm timeout -k 5 "$(box 60)" \
-        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
-        --result-file "$D/decode_roofline_fm${fm}_r${n}_$TAG.json" > "$D/roofline_fm$fm.log" 2>&1
-      echo "roofline fused_merge=$fm rc=$? at $(( $(date +%s) - T0 )) s"
-      grep -h -E '"(step_ms|roofline_fraction)"' \
-        "$D/decode_roofline_fm${fm}_r${n}_$TAG.json" 2>/dev/null | tail -2
-    done
+    roofline_abab SGLANG_TRITON_DECODE_FUSED_MERGE fm 60 1 0 1 0
     ;;
   GR)  # decode graphs with Triton attention under FlashInfer (bs <= GR_MAX_BS) against off
-    for knob in 0 "${GR_MAX_BS:-8}" 0 "${GR_MAX_BS:-8}"; do
-      [ "$(left)" -lt 90 ] && { echo "no time left for the roofline at $knob"; break; }
-      n=$(ls "$D"/decode_roofline_tdec"$knob"_*"$TAG".json 2>/dev/null | wc -l)
-      SGLANG_TRITON_DECODE_GRAPH_MAX_BS=$knob timeout -k 5 "$(box 110)" \
-        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
-        --result-file "$D/decode_roofline_tdec${knob}_r${n}_$TAG.json" > "$D/roofline_$knob.log" 2>&1
-      echo "roofline knob=$knob rc=$? at $(( $(date +%s) - T0 )) s"
-      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
-        "$D/decode_roofline_tdec${knob}_r${n}_$TAG.json" 2>/dev/null | head -3
-    done
+    roofline_abab SGLANG_TRITON_DECODE_GRAPH_MAX_BS tdec 110 0 "${GR_MAX_BS:-8}" 0 "${GR_MAX_BS:-8}"
     for knob in 0 "${GR_MAX_BS:-8}"; do
       for bs in 1 8; do
         SGLANG_TRITON_DECODE_GRAPH_MAX_BS=$knob profile "decode_step_smollm2_bs${bs}_tdec${knob}_$TAG" \
@@ -462,16 +459,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
       -rf --tb=short > "$D/gpu_validate_epilogue_$TAG.log" 2>&1
     echo "tests rc=$?"; tail -4 "$D/gpu_validate_epilogue_$TAG.log"
     cp "$D/gpu_validate_epilogue_$TAG.log" "$OUT"/
-    for knob in 0 1 0 1; do
-      [ "$(left)" -lt 90 ] && { echo "no time left for the roofline at $knob"; break; }
-      n=$(ls "$D"/decode_roofline_ep"$knob"_*"$TAG".json 2>/dev/null | wc -l)
-      SGLANG_FUSED_GEMV_EPILOGUE=$knob timeout -k 5 "$(box 110)" \
-        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
-        --result-file "$D/decode_roofline_ep${knob}_r${n}_$TAG.json" > "$D/roofline_$knob.log" 2>&1
-      echo "roofline epilogue=$knob rc=$? at $(( $(date +%s) - T0 )) s"
-      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
-        "$D/decode_roofline_ep${knob}_r${n}_$TAG.json" 2>/dev/null | head -3
-    done
+    roofline_abab SGLANG_FUSED_GEMV_EPILOGUE ep 110 0 1 0 1
     for knob in 0 1; do
       SGLANG_FUSED_GEMV_EPILOGUE=$knob profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 \
         --batch-size 1 --steps 256 --modes overlap
@@ -482,16 +470,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
       -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_norm_prologue_$TAG.log" 2>&1
     echo "tests rc=$?"; tail -4 "$D/gpu_validate_norm_prologue_$TAG.log"
     cp "$D/gpu_validate_norm_prologue_$TAG.log" "$OUT"/
-    for knob in 0 norm 0 norm; do
-      [ "$(left)" -lt 90 ] && { echo "no time left for the roofline at $knob"; break; }
-      n=$(ls "$D"/decode_roofline_np"$knob"_*"$TAG".json 2>/dev/null | wc -l)
-      SGLANG_FUSED_GEMV_PROLOGUE=$knob timeout -k 5 "$(box 110)" \
-        python3 benchmark/bench_decode_roofline.py --repeats 1 --copy-gib 2 \
-        --result-file "$D/decode_roofline_np${knob}_r${n}_$TAG.json" > "$D/roofline_$knob.log" 2>&1
-      echo "roofline prologue=$knob rc=$? at $(( $(date +%s) - T0 )) s"
-      grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' \
-        "$D/decode_roofline_np${knob}_r${n}_$TAG.json" 2>/dev/null | head -3
-    done
+    roofline_abab SGLANG_FUSED_GEMV_PROLOGUE np 110 0 norm 0 norm
     for knob in 0 norm; do
       SGLANG_FUSED_GEMV_PROLOGUE=$knob profile "decode_step_smollm2_bs1_np${knob}_$TAG" 60 \
         --batch-size 1 --steps 256 --modes overlap
