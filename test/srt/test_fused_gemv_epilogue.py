@@ -16,16 +16,17 @@ from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITO
 
 triton = pytest.importorskip("triton")
 
-from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
-from sglang.srt.layers import activation, fused_linear, layernorm, linear, triton_kernels  # noqa: E402
+from sglang.srt.layers import fused_linear, triton_kernels  # noqa: E402
 from sglang.srt.layers.triton_kernels import gemv_epilogue  # noqa: E402
 from sglang.srt.layers.triton_kernels.activation import silu_and_mul  # noqa: E402
 from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv, pick_tile  # noqa: E402
 from sglang.srt.layers.triton_kernels.gemv_epilogue import epilogue_tile, gemv_silu_mul  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
-from sglang.srt.model_loader.loader import get_model  # noqa: E402
-from sglang.test.forward_harness import ForwardHarness  # noqa: E402
-from sglang.test.tiny_models import make_tiny_model_dir  # noqa: E402
+from sglang.test.fused_gemv_checks import (  # noqa: E402
+    prefill_then_decode,
+    route_layers_through_triton,
+    seeded_randn,
+    tiny_bf16_model,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Against the float64 reference: gate and up rounded, silu rounded, the product rounded.
@@ -41,16 +42,11 @@ def _default_device(monkeypatch):
         yield
 
 
-def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)  # a CPU generator: same draws on every device
-    return torch.randn(*shape, generator=g, device="cpu").to(DEVICE) * scale
-
-
 def _operands(inter: int, k: int, dtype: torch.dtype, seed: int = 0):
     """x [1, k]; weight [2 * inter, k] with O(1) outputs; bias [2 * inter]."""
-    x = (_randn(1, k, seed=seed) * 2).to(dtype)
-    w = _randn(2 * inter, k, seed=seed + 1, scale=k**-0.5).to(dtype)
-    b = _randn(2 * inter, seed=seed + 2).to(dtype)
+    x = (seeded_randn(1, k, seed=seed) * 2).to(dtype)
+    w = seeded_randn(2 * inter, k, seed=seed + 1, scale=k**-0.5).to(dtype)
+    b = seeded_randn(2 * inter, seed=seed + 2).to(dtype)
     return x, w, b
 
 
@@ -184,42 +180,17 @@ def triton_on_cpu(monkeypatch) -> list[int]:
         return real(*a, **kw)
 
     monkeypatch.setattr(gemv_epilogue, "gemv_silu_mul", spy)
-    monkeypatch.setattr(layernorm, "use_triton_kernels", lambda t, *more: True)
-    monkeypatch.setattr(activation, "use_triton_kernels", lambda t, *more: True)
-    monkeypatch.setattr(
-        linear,
-        "use_triton_gemv",
-        lambda x, w: triton_kernels.TRITON_GEMV_ENABLED and triton_kernels.gemv_applies(x, w),
-    )
+    route_layers_through_triton(monkeypatch)
     monkeypatch.setattr(fused_linear, "use_fused_gemv_epilogue", _cpu_gate)
-    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
-    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", 1)  # the interpreter's bf16 dot
+    # the RMSNorm prologue (on by default) would take gate_up before the epilogue could
     monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", frozenset())
     return calls
 
 
 @pytest.fixture(scope="module")
 def tiny_bf16(tmp_path_factory):
-    """(model, ModelConfig): a 2-layer tiny Llama in bfloat16 (weights of std 0.05), EAGLE-3
-    capture on (inputs of layers 0, 1 and the last layer's output)."""
-    with torch.device("cpu"):
-        path = make_tiny_model_dir(str(tmp_path_factory.mktemp("llama")), weight_std=0.05)
-        mc = ModelConfig(path, dtype="bfloat16")
-        model = get_model(mc, device=DEVICE)
-    model.set_eagle3_layers_to_capture([-1, 0, 1])
-    return model, mc
-
-
-def _prefill_then_decode(model, mc) -> list[torch.Tensor]:
-    """A 5-token prefill (5 rows: unfused) then two batch-1 decode steps; per forward the
-    logits and the captured aux states."""
-    harness = ForwardHarness(model, mc, device=DEVICE)
-    req = harness.new_request()
-    outs = []
-    for ids in ([1, 2, 3, 4, 5], [6], [7]):
-        out = harness.forward([(req, ids)], capture_hidden_mode=CaptureHiddenMode.FULL)
-        outs += [out.next_token_logits, out.hidden_states]
-    return outs
+    """(model, ModelConfig): fused_gemv_checks.tiny_bf16_model, a tiny Llama."""
+    return tiny_bf16_model(str(tmp_path_factory.mktemp("llama")))
 
 
 def test_decode_equal_with_and_without_epilogue(monkeypatch, triton_on_cpu, tiny_bf16) -> None:
@@ -228,15 +199,15 @@ def test_decode_equal_with_and_without_epilogue(monkeypatch, triton_on_cpu, tiny
     GEMV per layer per decode step, none for the prefill's 5 rows."""
     model, mc = tiny_bf16
     monkeypatch.setattr(triton_kernels, "FUSED_GEMV_EPILOGUE_ENABLED", False)
-    unfused = _prefill_then_decode(model, mc)
+    unfused = prefill_then_decode(model, mc)
     assert triton_on_cpu == [0]
     monkeypatch.setattr(triton_kernels, "FUSED_GEMV_EPILOGUE_ENABLED", True)
-    fused = _prefill_then_decode(model, mc)
+    fused = prefill_then_decode(model, mc)
     assert triton_on_cpu == [mc.num_hidden_layers * 2]
     for a, b in zip(fused, unfused, strict=True):
         _exact_or_close(a, b, torch.bfloat16)
     monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)  # the GEMV gate: off too
-    torch_path = _prefill_then_decode(model, mc)
+    torch_path = prefill_then_decode(model, mc)
     assert triton_on_cpu == [mc.num_hidden_layers * 2]
     for a, b in zip(fused, torch_path, strict=True):
         torch.testing.assert_close(a, b, atol=0.1, rtol=0.05)

@@ -18,13 +18,7 @@ from sglang.test.triton_interpreter import DEVICE, HAS_CUDA  # first: sets TRITO
 triton = pytest.importorskip("triton")
 
 from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
-from sglang.srt.layers import (  # noqa: E402
-    activation,
-    fused_linear,
-    layernorm,
-    linear,
-    triton_kernels,
-)
+from sglang.srt.layers import fused_linear, triton_kernels  # noqa: E402
 from sglang.srt.layers.triton_kernels import gemv_prologue  # noqa: E402
 from sglang.srt.layers.triton_kernels.activation import silu_and_mul  # noqa: E402
 from sglang.srt.layers.triton_kernels.gemv import GemvTile, gemv  # noqa: E402
@@ -33,12 +27,16 @@ from sglang.srt.layers.triton_kernels.gemv_prologue import (  # noqa: E402
     gemv_silu_mul,
 )
 from sglang.srt.layers.triton_kernels.rmsnorm import rmsnorm  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode  # noqa: E402
 from sglang.srt.model_loader.loader import get_model  # noqa: E402
 from sglang.srt.speculative.draft_config import load_draft_model  # noqa: E402
 from sglang.test.forward_harness import ForwardHarness  # noqa: E402
+from sglang.test.fused_gemv_checks import (  # noqa: E402
+    prefill_then_decode,
+    route_layers_through_triton,
+    seeded_randn,
+    tiny_bf16_model,
+)
 from sglang.test.tiny_eagle import make_tiny_eagle_dir  # noqa: E402
-from sglang.test.tiny_models import make_tiny_model_dir  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Against the float64 reference: one rounding of the output plus the rounded intermediates.
@@ -66,18 +64,13 @@ def _default_device(monkeypatch):
         yield
 
 
-def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)  # a CPU generator: same draws on every device
-    return torch.randn(*shape, generator=g, device="cpu").to(DEVICE) * scale
-
-
 def _norm_operands(n: int, h: int, dtype: torch.dtype, seed: int = 0):
     """x, residual [1, h]; norm weight [h] around 1; weight [n, h] with O(1) outputs; bias [n]."""
-    x = (_randn(1, h, seed=seed) * 3).to(dtype)
-    res = _randn(1, h, seed=seed + 1).to(dtype)
-    nw = (1 + _randn(h, seed=seed + 2, scale=0.2)).to(dtype)
-    w = _randn(n, h, seed=seed + 3, scale=h**-0.5).to(dtype)
-    b = _randn(n, seed=seed + 4).to(dtype)
+    x = (seeded_randn(1, h, seed=seed) * 3).to(dtype)
+    res = seeded_randn(1, h, seed=seed + 1).to(dtype)
+    nw = (1 + seeded_randn(h, seed=seed + 2, scale=0.2)).to(dtype)
+    w = seeded_randn(n, h, seed=seed + 3, scale=h**-0.5).to(dtype)
+    b = seeded_randn(n, seed=seed + 4).to(dtype)
     return x, res, nw, w, b
 
 
@@ -135,8 +128,8 @@ def test_gemv_rmsnorm_equals_unfused(dtype, with_residual, with_bias, n, h, tile
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,inter,tile", [(37, 300, None), (37, 300, SMALL_TILE), (8, 600, None)])
 def test_gemv_silu_mul_equals_unfused(dtype, n, inter, tile) -> None:
-    gate_up = (_randn(1, 2 * inter, seed=5) * 3).to(dtype)
-    w = _randn(n, inter, seed=6, scale=inter**-0.5).to(dtype)
+    gate_up = (seeded_randn(1, 2 * inter, seed=5) * 3).to(dtype)
+    w = seeded_randn(n, inter, seed=6, scale=inter**-0.5).to(dtype)
     y = gemv_silu_mul(gate_up, w, tile=tile)
     assert y.shape == (1, n) and y.dtype == dtype
     assert torch.equal(y, gemv(silu_and_mul(gate_up), w, tile=tile))  # elementwise: exact
@@ -276,55 +269,24 @@ def triton_on_cpu(monkeypatch) -> dict[str, int]:
             return _real(*a, **kw)
 
         monkeypatch.setattr(gemv_prologue, name, spy)
-    monkeypatch.setattr(layernorm, "use_triton_kernels", lambda t, *more: True)
-    monkeypatch.setattr(activation, "use_triton_kernels", lambda t, *more: True)
-    monkeypatch.setattr(
-        linear,
-        "use_triton_gemv",
-        lambda x, w: triton_kernels.TRITON_GEMV_ENABLED and triton_kernels.gemv_applies(x, w),
-    )
+    route_layers_through_triton(monkeypatch)
     monkeypatch.setattr(fused_linear, "use_fused_gemv_prologue", _cpu_gate)
-    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", True)
-    # One row, the default, whatever the environment says: more rows would run the interpreter's
-    # bf16 tl.dot, which is wrong.
-    monkeypatch.setattr(triton_kernels, "TRITON_GEMV_MAX_ROWS", 1)
     return calls
 
 
 @pytest.fixture(scope="module")
 def tiny_bf16(tmp_path_factory):
-    """get(arch) -> (model, ModelConfig): a 2-layer tiny model in bfloat16, EAGLE-3 capture on
-    (inputs of layers 0, 1 and the last layer's output). Qwen2 has a qkv bias. Weights of std
-    0.05, not the tiny models' default 0.5, which makes each layer amplify: compiled on a GPU the
-    fused norm may round one bf16 step apart from the unfused kernel (_exact_or_close), and the
-    tolerances must hold at the logits."""
+    """get(arch) -> (model, ModelConfig): fused_gemv_checks.tiny_bf16_model (Qwen2 has a qkv
+    bias). Compiled on a GPU the fused norm may round one bf16 step apart from the unfused
+    kernel (_exact_or_close), and the tolerances must hold at the logits."""
     built: dict[str, tuple] = {}
 
     def get(arch: str = "LlamaForCausalLM"):
         if arch not in built:
-            with torch.device("cpu"):
-                path = make_tiny_model_dir(
-                    str(tmp_path_factory.mktemp(arch)), arch=arch, weight_std=0.05
-                )
-                mc = ModelConfig(path, dtype="bfloat16")
-                model = get_model(mc, device=DEVICE)
-            model.set_eagle3_layers_to_capture([-1, 0, 1])
-            built[arch] = model, mc
+            built[arch] = tiny_bf16_model(str(tmp_path_factory.mktemp(arch)), arch)
         return built[arch]
 
     return get
-
-
-def _prefill_then_decode(model, mc) -> list[torch.Tensor]:
-    """A 5-token prefill (unfused: 5 rows) then two batch-1 decode steps; per forward the
-    logits and the captured aux states."""
-    harness = ForwardHarness(model, mc, device=DEVICE)
-    req = harness.new_request()
-    outs = []
-    for ids in ([1, 2, 3, 4, 5], [6], [7]):
-        out = harness.forward([(req, ids)], capture_hidden_mode=CaptureHiddenMode.FULL)
-        outs += [out.next_token_logits, out.hidden_states]
-    return outs
 
 
 def _counts(calls: dict[str, int]) -> tuple[int, int]:
@@ -354,10 +316,10 @@ def test_decode_equal_with_and_without_fusion(
     model, mc = tiny_bf16(arch)
     monkeypatch.setattr(triton_kernels, "NORM_PROLOGUE_EXACT", exact)
     monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", NONE)
-    unfused = _prefill_then_decode(model, mc)
+    unfused = prefill_then_decode(model, mc)
     assert _counts(triton_on_cpu) == (0, 0)
     monkeypatch.setattr(triton_kernels, "FUSED_GEMV_PROLOGUES", frozenset(kinds))
-    fused = _prefill_then_decode(model, mc)
+    fused = prefill_then_decode(model, mc)
     steps, layers = 2, mc.num_hidden_layers
     assert _counts(triton_on_cpu) == (
         2 * layers * steps if "norm" in kinds else 0,
@@ -371,7 +333,7 @@ def test_decode_equal_with_and_without_fusion(
             torch.testing.assert_close(a, b, atol=ATOL[torch.bfloat16], rtol=RTOL[torch.bfloat16])
     monkeypatch.setattr(triton_kernels, "TRITON_GEMV_ENABLED", False)  # the GEMV gate: off too
     triton_on_cpu.update(gemv_rmsnorm=0, gemv_silu_mul=0)
-    torch_path = _prefill_then_decode(model, mc)
+    torch_path = prefill_then_decode(model, mc)
     assert _counts(triton_on_cpu) == (0, 0)
     for a, b in zip(fused, torch_path, strict=True):
         torch.testing.assert_close(a, b, atol=0.1, rtol=0.05)
@@ -390,7 +352,7 @@ def test_eagle_draft_layer_without_input_norm(
 
     def run() -> list[torch.Tensor]:
         harness = ForwardHarness(draft, ModelConfig(d, dtype="bfloat16"), device=DEVICE)
-        slot, hidden, outs = harness.new_request(), _randn(3, mc.hidden_size, seed=7), []
+        slot, hidden, outs = harness.new_request(), seeded_randn(3, mc.hidden_size, seed=7), []
         for ids in ([11, 12, 13], [14], [15]):
             batch = harness.build_batch([(slot, ids)])
             harness.attn_backend.init_forward_metadata(batch)
