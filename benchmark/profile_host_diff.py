@@ -13,12 +13,12 @@ requests finish and join nearly every step. After a warm-up of 3 x batch-size st
 frozen (gc.freeze, as the server does after start-up: otherwise collections land in whichever
 function allocates) and cProfile records --steps-per-request x batch-size steps.
 
-Reported per configuration: prefill and decode step counts, and per function (module:name)
-microseconds per step of own time (tottime) and with callees (cumtime) and calls per step;
-then the functions whose own time grew or shrank most, and `policy_runs_per_step`
-(AdaptiveController._run_policy calls per forward step). The tiny model's own forward is real
-CPU compute here (on a GPU host it is kernel launches), so compare the scheduler's functions,
-not totals.
+Reported per configuration: forward steps (prefill and decode) and prefill steps, and per
+function (module:name) microseconds per step of own time (tottime) and with callees
+(cumtime) and calls per step; then the functions whose own time grew or shrank most, and
+`policy_runs_per_step` (AdaptiveController._run_policy calls per forward step). The tiny
+model's own forward is real CPU compute here (on a GPU host it is kernel launches), so
+compare the scheduler's functions, not totals.
 """
 
 from __future__ import annotations

@@ -459,9 +459,10 @@ for r in json.load(open(sys.argv[1]))['rows']:
       -rf --tb=short > "$D/gpu_validate_epilogue_$TAG.log" 2>&1
     echo "tests rc=$?"; tail -4 "$D/gpu_validate_epilogue_$TAG.log"
     cp "$D/gpu_validate_epilogue_$TAG.log" "$OUT"/
-    roofline_abab SGLANG_FUSED_GEMV_EPILOGUE ep 110 0 1 0 1
+    # the RMSNorm prologue (on by default) takes gate_up before the epilogue could: off here
+    SGLANG_FUSED_GEMV_PROLOGUE=0 roofline_abab SGLANG_FUSED_GEMV_EPILOGUE ep 110 0 1 0 1
     for knob in 0 1; do
-      SGLANG_FUSED_GEMV_EPILOGUE=$knob profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 \
+      SGLANG_FUSED_GEMV_PROLOGUE=0 SGLANG_FUSED_GEMV_EPILOGUE=$knob profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 \
         --batch-size 1 --steps 256 --modes overlap
     done
     ;;

@@ -45,7 +45,9 @@ logger = logging.getLogger(__name__)
 class LlamaMLP(nn.Module):
     """down(silu(gate(x)) * up(x)); gate and up fused into gate_up_proj. At one row on CUDA
     under SGLANG_FUSED_GEMV_EPILOGUE=1 the gate_up GEMV writes silu(gate) * up itself
-    (layers/fused_linear.linear_silu_mul)."""
+    (layers/fused_linear.linear_silu_mul); inside LlamaDecoderLayer only when the RMSNorm
+    prologue is off (SGLANG_FUSED_GEMV_PROLOGUE=0), else gate_up runs in rmsnorm_linear and
+    only `down` is called here."""
 
     def __init__(
         self,

@@ -232,7 +232,9 @@ def use_fused_gemv_epilogue(x: torch.Tensor, weight: torch.Tensor) -> bool:
     (gemv_epilogue.py): the epilogue is on (SGLANG_FUSED_GEMV_EPILOGUE), the SiLU-and-mul
     prologue of the down GEMV is not (SGLANG_FUSED_GEMV_PROLOGUE without "silu": that one
     wants gate_up), and the Triton GEMV would take x at one row (use_triton_gemv with
-    max_rows 1)."""
+    max_rows 1). Llama's decoder layer asks only when its RMSNorm prologue did not take
+    gate_up first: with the "norm" prologue (the default) gate_up runs inside rmsnorm_linear,
+    so the epilogue needs SGLANG_FUSED_GEMV_PROLOGUE=0 to apply there."""
     return (
         FUSED_GEMV_EPILOGUE_ENABLED
         and "silu" not in FUSED_GEMV_PROLOGUES

@@ -227,7 +227,8 @@ def gemv_rmsnorm(
             HAS_RESIDUAL=residual is not None,
             HAS_BIAS=bias is not None,
             EXACT=exact,
-            BLOCK_H=triton.next_power_of_2(hidden) if exact else 16,  # the exact pre-pass's
+            # the exact kernel's pre-pass width; unused by the scaled kernel
+            BLOCK_H=triton.next_power_of_2(hidden) if exact else 16,
             BLOCK_N=tile.block_n,
             BLOCK_K=tile.block_k,
             num_warps=tile.num_warps,

@@ -10,6 +10,7 @@ read (see spec_info.pending_positions).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -84,8 +85,9 @@ class AdaptiveController:
             "measured_s": 0.0,
             "forward_s": 0.0,
         }
-        # an all-zero choice reused for _zero_left more steps while the batch has at least
-        # _zero_bs requests; _zero_window: the reuse window of the next all-zero choice
+        # an all-zero choice reused for _zero_left more steps while the batch has not shrunk
+        # below _zero_bs, the batch of its run, by more than cfg.recheck_shrink (_shrunk);
+        # _zero_window: the reuse window of the next all-zero choice
         self._zero_left = 0
         self._zero_bs = 0
         self._zero_window = cfg.recheck_every
@@ -157,7 +159,8 @@ class AdaptiveController:
         third of the steps at batch 64 (CPU machine, staggered requests; ~0.5 ms per run
         there). A dip that small barely changes what a step costs per request, so it waits
         for the recheck; a real shrink (a burst draining) still re-runs at once."""
-        return bs < self._zero_bs - int(self._zero_bs * self.cfg.recheck_shrink)
+        # + 1e-9: a fraction such as 0.29 of 100 is 28.999... in floating point, not 29
+        return bs < self._zero_bs - math.floor(self._zero_bs * self.cfg.recheck_shrink + 1e-9)
 
     def drafting_off(self) -> bool:
         """True while speculation is off for the server: the goodput policy's last run chose
