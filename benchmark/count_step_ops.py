@@ -150,10 +150,28 @@ def graph_path(sched, sizes: list[int]) -> None:
         draft.init_cuda_graphs(sizes, k + 1, use_graphs=False)
 
 
+def cuda_like_scheduler(model: str, kw: dict, sizes: list[int]):
+    """An in-process Scheduler on the CPU that steps as a CUDA server does: float32, a 65536
+    token KV pool, overlap scheduling on, and (graph_path) the CUDA-graph runners for the
+    batch-size buckets `sizes`, run eagerly. kw: further ServerArgs fields (speculation)."""
+    from sglang.test.scheduler_utils import make_scheduler
+
+    s = make_scheduler(
+        model,
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=65536,
+        disable_overlap_schedule=False,
+        **kw,
+    )
+    graph_path(s, sizes)
+    return s
+
+
 def count(
     model: str, draft: str, bs: int, steps: int, where: bool = False, drafting_ks: tuple = ()
 ) -> dict:
-    from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+    from sglang.test.scheduler_utils import run_until_idle, submit
 
     cfgs = plain_and_adaptive_no_drafts(draft)
     for k in drafting_ks:  # every decode step drafts K tokens per request
@@ -165,15 +183,7 @@ def count(
     params = {"max_new_tokens": steps + 16, "temperature": 0, "ignore_eos": True}
     out = {}
     for name, kw in cfgs.items():
-        s = make_scheduler(
-            model,
-            device="cpu",
-            dtype="float32",
-            max_total_tokens=65536,
-            disable_overlap_schedule=False,
-            **kw,
-        )
-        graph_path(s, [1, 2, 4, 8, 16, 32, 64])
+        s = cuda_like_scheduler(model, kw, [1, 2, 4, 8, 16, 32, 64])
         counter = OpCounter(where)
         instrument(s, counter)
         for i in range(bs):

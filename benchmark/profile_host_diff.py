@@ -6,12 +6,13 @@ function, from cProfile of the in-process Scheduler (CPU machine, no GPU needed)
 
 Both configurations of bench_common.plain_and_adaptive_no_drafts (no speculation, and EAGLE-3
 --speculative-adaptive under a step-time model where drafting never pays: the common case under
-load) run the same serving-like load: overlap scheduling on, the CUDA-graph runners run eagerly
-over their padded batches (count_step_ops.graph_path, the path a CUDA server takes), streamed
-greedy requests of 8-40 output tokens topped up to --batch-size before every step, so that
-requests finish and join nearly every step. After a warm-up of 3 x batch-size steps the heap is
-frozen (gc.freeze, as the server does after start-up: otherwise collections land in whichever
-function allocates) and cProfile records --steps-per-request x batch-size steps.
+load) run the same serving-like load on count_step_ops.cuda_like_scheduler (overlap scheduling
+on, the CUDA-graph runners run eagerly over their padded batches: the path a CUDA server
+takes), streamed greedy requests of 8-40 output tokens topped up to --batch-size before every
+step, so that requests finish and join nearly every step. After a warm-up of 3 x batch-size
+steps the heap is frozen (gc.freeze, as the server does after start-up: otherwise collections
+land in whichever function allocates) and cProfile records --steps-per-request x batch-size
+steps.
 
 Reported per configuration: forward steps (prefill and decode) and prefill steps, and per
 function (module:name) microseconds per step of own time (tottime) and with callees
@@ -35,7 +36,7 @@ from bench_common import (
     plain_and_adaptive_no_drafts,
     tiny_target_and_draft,
 )
-from count_step_ops import graph_path
+from count_step_ops import cuda_like_scheduler
 
 # The scheduler step's phases and the adaptive server's own parts (module:function).
 PHASES = (
@@ -51,17 +52,9 @@ PHASES = (
 
 
 def profile(model: str, kw: dict, bs: int, steps_per_request: int) -> dict:
-    from sglang.test.scheduler_utils import make_scheduler, submit
+    from sglang.test.scheduler_utils import submit
 
-    s = make_scheduler(
-        model,
-        device="cpu",
-        dtype="float32",
-        max_total_tokens=65536,
-        disable_overlap_schedule=False,
-        **kw,
-    )
-    graph_path(s, [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    s = cuda_like_scheduler(model, kw, [1, 2, 4, 8, 16, 32, 64, 128, 256])
     rng = np.random.default_rng(0)
     count = [0]
 

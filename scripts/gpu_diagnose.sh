@@ -462,8 +462,8 @@ for r in json.load(open(sys.argv[1]))['rows']:
     # the RMSNorm prologue (on by default) takes gate_up before the epilogue could: off here
     SGLANG_FUSED_GEMV_PROLOGUE=0 roofline_abab SGLANG_FUSED_GEMV_EPILOGUE ep 110 0 1 0 1
     for knob in 0 1; do
-      SGLANG_FUSED_GEMV_PROLOGUE=0 SGLANG_FUSED_GEMV_EPILOGUE=$knob profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 \
-        --batch-size 1 --steps 256 --modes overlap
+      SGLANG_FUSED_GEMV_PROLOGUE=0 SGLANG_FUSED_GEMV_EPILOGUE=$knob \
+        profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 --batch-size 1 --steps 256 --modes overlap
     done
     ;;
   GN)  # the RMSNorm prologue's scaled kernel: its GPU tests, then ABAB with it off / on
