@@ -89,6 +89,10 @@
 #                                    # session): its GPU tests, the 8B batch-1 roofline with
 #                                    # SGLANG_FUSED_GEMV_PROLOGUE = 0, norm, 0, norm, then
 #                                    # SmolLM2 batch-1 steps with it off and on
+#   bash scripts/gpu_diagnose.sh GP  # programmatic dependent launch of the decode kernels
+#                                    # (twenty-fifth session): GP_TESTS, the 8B batch-1
+#                                    # roofline with SGLANG_TRITON_PDL = GP_ABAB (0 1 0 1), the
+#                                    # prefetch budget over GP_PF (0 32), SmolLM2 bs 1 (GP_SMOL)
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -103,7 +107,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -464,6 +468,22 @@ for r in json.load(open(sys.argv[1]))['rows']:
     for knob in 0 1; do
       SGLANG_FUSED_GEMV_PROLOGUE=0 SGLANG_FUSED_GEMV_EPILOGUE=$knob \
         profile "decode_step_smollm2_bs1_ep${knob}_$TAG" 60 --batch-size 1 --steps 256 --modes overlap
+    done
+    ;;
+  GP)  # programmatic dependent launch (twenty-fifth session): its GPU tests (GP_TESTS), the 8B
+    # batch-1 roofline with SGLANG_TRITON_PDL = 0, 1, 0, 1, then with PDL on and the GEMV
+    # prefetch budget SGLANG_GEMV_PREFETCH_MB over GP_PF (default 0 32), SmolLM2 batch 1 off / on
+    # shellcheck disable=SC2086  # GP_TESTS is a list of files
+    timeout -k 5 "$(box "${GP_TEST_S:-150}")" python3 -m pytest ${GP_TESTS:-test/srt/test_triton_pdl.py} \
+      -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_pdl_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_pdl_$TAG.log"
+    cp "$D/gpu_validate_pdl_$TAG.log" "$OUT"/
+    [ -n "${GP_ABAB:-0 1 0 1}" ] && roofline_abab SGLANG_TRITON_PDL pdl 110 ${GP_ABAB:-0 1 0 1}
+    # shellcheck disable=SC2086  # GP_PF is a list of values
+    [ -n "${GP_PF-0 32}" ] && SGLANG_TRITON_PDL=1 roofline_abab SGLANG_GEMV_PREFETCH_MB pf 110 ${GP_PF-0 32}
+    for knob in ${GP_SMOL:-}; do
+      SGLANG_TRITON_PDL=$knob profile "decode_step_smollm2_bs1_pdl${knob}_$TAG" 60 \
+        --batch-size 1 --steps 256 --modes overlap
     done
     ;;
   GN)  # the RMSNorm prologue's scaled kernel: its GPU tests, then ABAB with it off / on

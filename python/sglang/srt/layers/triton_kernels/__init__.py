@@ -256,3 +256,42 @@ def use_fused_rope_kv(tensor: torch.Tensor) -> bool:
     kernels enabled, SGLANG_FUSED_ROPE_KV not "0"); the step's own conditions are checked by
     layers/fused_rope_kv.fused_rope_kv_applies."""
     return FUSED_ROPE_KV_ENABLED and tensor.is_cuda and not needs_autograd(tensor)
+
+
+def _triton_pdl_enabled() -> bool:
+    """SGLANG_TRITON_PDL: unset or "1" / "on" / "true" / "yes" let the decode-step kernels
+    launch with programmatic dependent launch where the GPU has it (pdl.py); "0" / "off" /
+    "false" / "no" launch them as before. Raises ValueError naming the variable otherwise."""
+    flag = env_flag("TRITON_PDL").strip().lower()
+    if flag not in ("", *_ON, *_OFF):
+        raise ValueError(f"SGLANG_TRITON_PDL={flag!r}: expected 0 or 1")
+    return flag not in _OFF
+
+
+# Decided once at import (SGLANG_TRITON_PDL, on by default): pdl.launch_args gives the kernels
+# with a USE_PDL constexpr the programmatic-dependent-launch flag on SM90 and newer GPUs.
+TRITON_PDL_ENABLED: bool = _triton_pdl_enabled()
+
+# SGLANG_GEMV_PREFETCH_MB unset: how many MiB of weights one GEMV launch may ask L2 to prefetch
+# before it waits for the kernel ahead of it (pdl.prefetch_cols).
+DEFAULT_GEMV_PREFETCH_MB = 16.0
+
+
+def _gemv_prefetch_bytes() -> int:
+    """SGLANG_GEMV_PREFETCH_MB: MiB of its weight a GEMV launched with PDL prefetches into L2
+    before its wait (0 turns the prefetch off); unset or "" means DEFAULT_GEMV_PREFETCH_MB.
+    Raises ValueError naming the variable for anything but a number >= 0."""
+    flag = env_flag("GEMV_PREFETCH_MB").strip()
+    if flag == "":
+        return int(DEFAULT_GEMV_PREFETCH_MB * 2**20)
+    try:
+        mib = float(flag)
+    except ValueError:
+        mib = -1.0
+    if not mib >= 0 or mib == float("inf"):
+        raise ValueError(f"SGLANG_GEMV_PREFETCH_MB={flag!r}: expected a number of MiB >= 0")
+    return int(mib * 2**20)
+
+
+# Decided once at import: the L2 prefetch budget of one GEMV launch, in bytes.
+GEMV_PREFETCH_BYTES: int = _gemv_prefetch_bytes()

@@ -10,13 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
 from sglang.srt.layers.triton_kernels.rmsnorm import round_to
 
 _BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, x_stride, out_stride, d, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+):
+    pdl_wait(USE_PDL)  # pdl.py: launched with PDL, wait before the first load
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -46,5 +50,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if n_rows > 0 and d > 0:
         block = min(_BLOCK, triton.next_power_of_2(d))
         grid = (n_rows, triton.cdiv(d, block))
-        _silu_and_mul_kernel[grid](x2, out, x2.stride(0), out.stride(0), d, BLOCK=block)
+        _silu_and_mul_kernel[grid](
+            x2, out, x2.stride(0), out.stride(0), d, BLOCK=block, **launch_args(x2)
+        )
     return out.view(*x.shape[:-1], d)

@@ -51,6 +51,13 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.triton_kernels import GEMV_KERNEL_MAX_ROWS
+from sglang.srt.layers.triton_kernels.pdl import (
+    L2_LINE_BYTES,
+    launch_args,
+    pdl_wait,
+    prefetch_cols,
+    prefetch_l2,
+)
 from sglang.srt.layers.triton_kernels.rmsnorm import round_to
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -113,11 +120,17 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before reading x
+    PF_K: tl.constexpr,  # leading weight columns prefetched into L2 before the wait (0: none)
+    PF_LINE: tl.constexpr,  # elements per L2 line
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
+    if PF_K > 0:
+        prefetch_l2(w_ptr, offs_n, N, K, PF_K, PF_LINE)
+    pdl_wait(USE_PDL)
     # int64 row offsets: N * K may exceed 2^31 (a large vocabulary's lm_head).
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K  # [BLOCK_N, 1] pointers
     acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -161,6 +174,9 @@ def _gemv_dot_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before reading x
+    PF_K: tl.constexpr,  # leading weight columns prefetched into L2 before the wait (0: none)
+    PF_LINE: tl.constexpr,  # elements per L2 line
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -168,6 +184,9 @@ def _gemv_dot_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     mask_m = offs_m < M
+    if PF_K > 0:
+        prefetch_l2(w_ptr, offs_n, N, K, PF_K, PF_LINE)
+    pdl_wait(USE_PDL)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K  # [BLOCK_N, 1] pointers
     x_cols = x_ptr + offs_m[None, :] * stride_xm  # [1, BLOCK_M] pointers: x^T's columns
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # acc[n, m] = y[m, n]
@@ -189,6 +208,18 @@ def _gemv_dot_kernel(
     y = round_to(acc, y_ptr.dtype.element_ty)
     out = y_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M]
     tl.store(out, y, mask=mask_n[:, None] & mask_m[None, :])
+
+
+def pdl_gemv_args(weight: torch.Tensor) -> dict:
+    """Launch keywords of a GEMV kernel over weight [N, K]: pdl.launch_args plus PF_K (the
+    leading columns of each weight row prefetched into L2 before the PDL wait,
+    pdl.prefetch_cols; 0 without PDL) and PF_LINE (elements per 128-byte line)."""
+    args = launch_args(weight)
+    n, k = weight.shape
+    elem = weight.element_size()
+    args["PF_K"] = prefetch_cols(n, k, elem, args["USE_PDL"])
+    args["PF_LINE"] = max(1, L2_LINE_BYTES // elem)
+    return args
 
 
 def _check_dot_tile(tile: GemvTile) -> None:
@@ -275,6 +306,7 @@ def gemv(
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         num_warps=tile.num_warps,
+        **pdl_gemv_args(weight),
     )
     return y
 
@@ -320,5 +352,6 @@ def _run_dot(
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         num_warps=tile.num_warps,
+        **pdl_gemv_args(weight),
     )
     return y

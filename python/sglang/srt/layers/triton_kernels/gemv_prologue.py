@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.triton_kernels import NORM_PROLOGUE_MAX_HIDDEN
-from sglang.srt.layers.triton_kernels.gemv import GemvTile, pick_tile, weight_tile
+from sglang.srt.layers.triton_kernels.gemv import GemvTile, pdl_gemv_args, pick_tile, weight_tile
+from sglang.srt.layers.triton_kernels.pdl import pdl_wait, prefetch_l2
 from sglang.srt.layers.triton_kernels.rmsnorm import round_to
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,9 +66,15 @@ def _gemv_rmsnorm_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before reading x / residual
+    PF_K: tl.constexpr,  # leading weight columns prefetched into L2 before the wait (0: none)
+    PF_LINE: tl.constexpr,  # elements per L2 line
 ):
     pid = tl.program_id(0)
     dtype = x_ptr.dtype.element_ty
+    if PF_K > 0:
+        prefetch_l2(w_ptr, pid * BLOCK_N + tl.arange(0, BLOCK_N), N, H, PF_K, PF_LINE)
+    pdl_wait(USE_PDL)
     if EXACT:
         # 1/rms(h) over the whole row, reduced exactly as rmsnorm.py does (every program
         # repeats it before its K loop).
@@ -115,12 +122,18 @@ def _gemv_silu_mul_kernel(
     inter,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before reading gate_up
+    PF_K: tl.constexpr,  # leading weight columns prefetched into L2 before the wait (0: none)
+    PF_LINE: tl.constexpr,  # elements per L2 line
 ):
     pid = tl.program_id(0)
     dtype = gu_ptr.dtype.element_ty
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
+    if PF_K > 0:
+        prefetch_l2(w_ptr, offs_n, N, inter, PF_K, PF_LINE)
+    pdl_wait(USE_PDL)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * inter  # [BLOCK_N, 1] pointers
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
@@ -232,6 +245,7 @@ def gemv_rmsnorm(
             BLOCK_N=tile.block_n,
             BLOCK_K=tile.block_k,
             num_warps=tile.num_warps,
+            **pdl_gemv_args(weight),
         )
     elif res_out is not None:
         res_out.copy_(x + residual)
@@ -271,5 +285,6 @@ def gemv_silu_mul(
             BLOCK_N=tile.block_n,
             BLOCK_K=tile.block_k,
             num_warps=tile.num_warps,
+            **pdl_gemv_args(weight),
         )
     return y

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
+
 _MAX_BLOCK = 65536
 
 
@@ -40,7 +42,9 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
 ):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -115,6 +119,7 @@ def rmsnorm(
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
             num_warps=num_warps,
+            **launch_args(x2),
         )
     out = out.view(x.shape)
     if residual is None:

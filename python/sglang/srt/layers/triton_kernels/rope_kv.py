@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
 from sglang.srt.layers.triton_kernels.rotary import (
     _rope_heads,
     _token_rows,
@@ -65,7 +66,9 @@ def _rope_store_kv_kernel(
     BLOCK_HK: tl.constexpr,
     BLOCK_HEAD: tl.constexpr,
     BLOCK_REST: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
 ):
+    pdl_wait(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)  # 0: q, 1: k, 2: v
     row = num_kv_heads * HEAD_SIZE  # one slot of a [slots, Hkv, D] contiguous cache
@@ -166,5 +169,6 @@ def rope_and_store_kv(
             BLOCK_HK=triton.next_power_of_2(num_kv_heads),
             BLOCK_HEAD=triton.next_power_of_2(head_size),
             BLOCK_REST=triton.next_power_of_2(max(rest, 1)),
+            **launch_args(q_rows),
         )
     return write_back_rows(query, key, q_rows, k_rows, q_copy, k_copy)

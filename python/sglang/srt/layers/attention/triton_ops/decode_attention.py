@@ -25,6 +25,7 @@ import triton.language as tl
 from sglang.srt.layers.attention.triton_ops import token_head_strides
 from sglang.srt.layers.attention.triton_ops.decode_grouped import BLOCK_N as GROUPED_BLOCK_N
 from sglang.srt.layers.attention.triton_ops.decode_grouped import grouped_decode_stage1
+from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
 
 
 @triton.jit
@@ -191,7 +192,9 @@ def _decode_attn_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # next power of two >= NUM_SPLITS
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
 ):
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
@@ -318,4 +321,5 @@ def decode_attention_fwd(
         HEAD_DIM=d,
         NUM_SPLITS=num_splits,
         SPLITS_P2=triton.next_power_of_2(num_splits),
+        **launch_args(out),
     )

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops import token_head_strides
+from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
 
 MAX_SPLITS = 32  # most KV splits per (request, KV head)
 BLOCK_N = 32  # keys per tile, and the shortest non-empty split
@@ -74,7 +75,9 @@ def _grouped_decode_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
 ):
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -176,4 +179,5 @@ def grouped_decode_stage1(
         NUM_SPLITS=num_splits,
         # float32 K/V: full-precision dots (no TF32), so fp32 matches the reference to 1e-4
         DOT_PRECISION="ieee" if k_buf.dtype == torch.float32 else "tf32",
+        **launch_args(q),
     )
