@@ -176,6 +176,7 @@ class _Chain:
 def test_graph_with_pdl_equals_chain_without(monkeypatch):
     from sglang.srt.layers.triton_kernels.gemv import pdl_gemv_args
 
+    monkeypatch.setattr(pdl, "GEMV_PREFETCH_BYTES", 2**20)  # the prefetch too (off by default)
     gen = torch.Generator().manual_seed(0)
     weights = _weights(gen)
     cache_state = torch.Generator().manual_seed(1).get_state()

@@ -13,24 +13,32 @@ earlier kernel writes or reads. Triton launches a kernel so when called with
 The rules every kernel here follows (``pdl_wait``):
 - It signals ``launch_dependents`` first, so the next kernel may launch as soon as all of this
   kernel's programs are resident, and then waits for the kernel ahead of it before its first
-  load or store of anything but weights. Every kernel launched with the flag waits, so the
-  chain stays ordered: after a kernel's wait, every kernel before it has completed and its
-  writes are visible.
-- Before its wait a kernel may only read what no kernel of the step writes: the GEMVs ask L2
-  to prefetch the first columns of their weight rows (``prefetch_l2``, ``prefetch_cols``), so
-  the weight stream starts under the tail of the kernel ahead instead of after it.
-A kernel launched without the flag (a PyTorch op, FlashInfer) waits for everything before it,
-as usual; a flagged kernel after it launches when it completes.
+  load or store. Every kernel launched with the flag waits, so the chain stays ordered: after a
+  kernel's wait, every kernel before it has completed and its writes are visible.
+- Before its wait a kernel may only read what no kernel of the step writes. The GEMVs can ask
+  L2 to prefetch the first columns of their weight rows there (``prefetch_l2``,
+  ``prefetch_cols``), so that the weight stream would start under the tail of the kernel
+  ahead; SGLANG_GEMV_PREFETCH_MB sets how much, 0 (off) by default since it did not pay.
+A kernel launched without the flag (a PyTorch op, FlashInfer, the SiLU epilogue GEMV) waits for
+everything before it, as usual; a flagged kernel after it launches when it completes.
+
+Measured on the H200 (twenty-fifth session, ``scripts/gpu_diagnose.sh GP``, Llama-3.1-8B-shaped
+batch-1 decode, ``benchmark/results/decode_roofline_{pdl,pf}*_h200_s25.json``): without PDL
+4.242 / 4.256 / 4.269 / 4.259 ms per step; with PDL and no prefetch 4.168 / 4.169 ms (roofline
+fraction 0.845 / 0.848); with a prefetch of 2 MiB per GEMV 4.167, 8 MiB 4.479, 16 MiB 4.546
+(4.600 when the prefetch marked its lines evict_last), 32 MiB 4.821 ms: the prefetched lines
+compete with the weights the GEMV ahead is still streaming, and win nothing back.
 
 ``launch_args(t)`` gives the launch keywords: {"USE_PDL": True, "launch_pdl": True} on a CUDA
-device of compute capability >= 9 while SGLANG_TRITON_PDL is on (the default), else
-{"USE_PDL": False} (and no prefetch), which is also what the CPU interpreter gets. Outputs are
-the same bit for bit with and without: only launch timing changes.
+device of compute capability >= 9 while SGLANG_TRITON_PDL is on (the default) and Triton is not
+interpreting (TRITON_INTERPRET), else {"USE_PDL": False} (and no prefetch). Outputs are the same
+bit for bit with and without: only launch timing changes.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -48,8 +56,9 @@ def _device_has_pdl(index: int) -> bool:
 
 def pdl_on(t: torch.Tensor) -> bool:
     """True when kernels working on `t` launch with PDL: SGLANG_TRITON_PDL on, `t` on a CUDA
-    device of compute capability >= 9 (Hopper and newer)."""
-    if not (TRITON_PDL_ENABLED and t.is_cuda):
+    device of compute capability >= 9 (Hopper and newer), and Triton compiling the kernels
+    (its interpreter, TRITON_INTERPRET=1, runs neither griddepcontrol nor inline asm)."""
+    if not (TRITON_PDL_ENABLED and t.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     return _device_has_pdl(index)
@@ -91,14 +100,15 @@ def pdl_wait(USE_PDL: tl.constexpr):
 @triton.jit
 def prefetch_l2(w_ptr, offs_n, N, K, PF_K: tl.constexpr, LINE: tl.constexpr):
     """Ask L2 to fetch columns [0, PF_K) of rows offs_n ([BLOCK_N]) of the row-major [N, K]
-    weight at w_ptr, one ``prefetch.global.L2::evict_last`` per LINE elements (128 bytes);
+    weight at w_ptr, one ``prefetch.global.L2`` per LINE elements (128 bytes);
     rows past N repeat row N - 1. Needs PF_K a power-of-two multiple of LINE, PF_K <= K.
+    The asm's output register is set to 0 only because inline asm must return a value.
     A hint only: it loads nothing into registers and changes no result."""
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
     lines = tl.arange(0, PF_K // LINE) * LINE
     ptrs = w_ptr + rows[:, None] * K + lines[None, :]
     tl.inline_asm_elementwise(
-        "prefetch.global.L2::evict_last [$1];",
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
         "=r,l",
         [ptrs],
         dtype=tl.int32,
