@@ -478,7 +478,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
       -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_pdl_$TAG.log" 2>&1
     echo "tests rc=$?"; tail -4 "$D/gpu_validate_pdl_$TAG.log"
     cp "$D/gpu_validate_pdl_$TAG.log" "$OUT"/
-    [ -n "${GP_ABAB:-0 1 0 1}" ] && roofline_abab SGLANG_TRITON_PDL pdl 110 ${GP_ABAB:-0 1 0 1}
+    [ -n "${GP_ABAB-0 1 0 1}" ] && roofline_abab SGLANG_TRITON_PDL pdl 110 ${GP_ABAB-0 1 0 1}
     # shellcheck disable=SC2086  # GP_PF is a list of values
     [ -n "${GP_PF-0 32}" ] && SGLANG_TRITON_PDL=1 roofline_abab SGLANG_GEMV_PREFETCH_MB pf 110 ${GP_PF-0 32}
     for knob in ${GP_SMOL:-}; do

@@ -35,6 +35,7 @@ from sglang.srt.layers.triton_kernels.gemv import (
     pick_tile,
     weight_tile,
 )
+from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
 from sglang.srt.layers.triton_kernels.rmsnorm import round_to
 
 
@@ -49,7 +50,9 @@ def _gemv_silu_mul_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
 ):
+    pdl_wait(USE_PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -124,5 +127,6 @@ def gemv_silu_mul(
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         num_warps=tile.num_warps,
+        **launch_args(x),
     )
     return y

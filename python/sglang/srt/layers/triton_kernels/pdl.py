@@ -10,6 +10,9 @@ Launch and Synchronization"; PTX ``griddepcontrol``); it must then wait
 earlier kernel writes or reads. Triton launches a kernel so when called with
 ``launch_pdl=True`` (its tutorial 11).
 
+The kernels: the GEMVs (gemv.py, both prologue kernels of gemv_prologue.py, gemv_epilogue.py),
+RMSNorm, SiLU-and-mul, the fused RoPE + KV store, the grouped decode and the split-K merge.
+
 The rules every kernel here follows (``pdl_wait``):
 - It signals ``launch_dependents`` first, so the next kernel may launch as soon as all of this
   kernel's programs are resident, and then waits for the kernel ahead of it before its first
@@ -19,7 +22,7 @@ The rules every kernel here follows (``pdl_wait``):
   L2 to prefetch the first columns of their weight rows there (``prefetch_l2``,
   ``prefetch_cols``), so that the weight stream would start under the tail of the kernel
   ahead; SGLANG_GEMV_PREFETCH_MB sets how much, 0 (off) by default since it did not pay.
-A kernel launched without the flag (a PyTorch op, FlashInfer, the SiLU epilogue GEMV) waits for
+A kernel launched without the flag (a PyTorch op, FlashInfer) waits for
 everything before it, as usual; a flagged kernel after it launches when it completes.
 
 Measured on the H200 (twenty-fifth session, ``scripts/gpu_diagnose.sh GP``, Llama-3.1-8B-shaped
