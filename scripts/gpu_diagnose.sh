@@ -93,6 +93,9 @@
 #                                    # (twenty-fifth session): GP_TESTS, the 8B batch-1
 #                                    # roofline with SGLANG_TRITON_PDL = GP_ABAB (0 1 0 1), the
 #                                    # prefetch budget over GP_PF (0 32), SmolLM2 bs 1 (GP_SMOL)
+#   bash scripts/gpu_diagnose.sh RD  # RoPE + KV store inside the grouped decode kernel
+#                                    # (SGLANG_FUSED_ROPE_DECODE): its GPU tests, the 8B
+#                                    # batch-1 roofline 0, 1, 0, 1 (RD_ABAB), SmolLM2 bs 1
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -107,7 +110,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -483,6 +486,21 @@ for r in json.load(open(sys.argv[1]))['rows']:
     [ -n "${GP_PF-0 32}" ] && SGLANG_TRITON_PDL=1 roofline_abab SGLANG_GEMV_PREFETCH_MB pf 110 ${GP_PF-0 32}
     for knob in ${GP_SMOL:-}; do
       SGLANG_TRITON_PDL=$knob profile "decode_step_smollm2_bs1_pdl${knob}_$TAG" 60 \
+        --batch-size 1 --steps 256 --modes overlap
+    done
+    ;;
+  RD)  # RoPE and the KV store inside the grouped decode kernel (twenty-fifth session): its GPU
+    # tests, then the 8B batch-1 roofline with SGLANG_FUSED_ROPE_DECODE = 0, 1, 0, 1, then
+    # SmolLM2 batch-1 steps with it off and on
+    timeout -k 5 "$(box "${RD_TEST_S:-150}")" python3 -m pytest test/srt/test_fused_rope_decode.py \
+      test/srt/test_fused_rope_kv.py test/srt/test_triton_attention.py test/srt/test_cuda_graph_runner.py \
+      -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_rope_decode_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_rope_decode_$TAG.log"
+    cp "$D/gpu_validate_rope_decode_$TAG.log" "$OUT"/
+    # shellcheck disable=SC2086  # RD_ABAB is a list of values
+    roofline_abab SGLANG_FUSED_ROPE_DECODE rd 110 ${RD_ABAB-0 1 0 1}
+    for knob in ${RD_SMOL-0 1}; do
+      SGLANG_FUSED_ROPE_DECODE=$knob profile "decode_step_smollm2_bs1_rd${knob}_$TAG" 60 \
         --batch-size 1 --steps 256 --modes overlap
     done
     ;;

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
-from sglang.srt.layers.triton_kernels import use_fused_rope_kv
+from sglang.srt.layers.triton_kernels import use_fused_rope_decode, use_fused_rope_kv
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.attention.triton_ops.decode_grouped import DecodeRope
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -57,6 +58,39 @@ def fused_rope_kv_applies(
         and 0 <= attn.layer_id < pool.layer_num
         and forward_batch.out_cache_loc.shape[0] == q.shape[0] == k.shape[0]
     )
+
+
+def decode_rope(
+    rotary_emb: torch.nn.Module,
+    attn: RadixAttention,
+    positions: torch.Tensor,  # [T] int64
+    q: torch.Tensor,  # [T, Hq * D], may be a strided view of the fused qkv
+    k: torch.Tensor,  # [T, Hkv * D], same
+    v: torch.Tensor,  # [T, Hkv * D], same
+    forward_batch: ForwardBatch,
+) -> DecodeRope | None:
+    """The layer's RoPE and KV store for the attention backend's decode kernel to do
+    (attention/triton_ops/decode_grouped.DecodeRope; call ``attn(q, k, v, forward_batch,
+    save_kv_cache=False, rope=...)`` with q and k unrotated), or None: then rope_and_save_kv.
+    Applies when ``use_fused_rope_decode(q)`` (CUDA, SGLANG_FUSED_ROPE_DECODE on), the step is
+    a decode step, ``fused_rope_kv_applies`` holds, the rotation covers the whole head
+    (rotary_dim == head_dim), k and v have a unit last stride, and the step's backend says it
+    can (``fuses_decode_rope``: the Triton backend with its grouped decode kernel)."""
+    if not (
+        use_fused_rope_decode(q)
+        and forward_batch.forward_mode == ForwardMode.DECODE
+        and getattr(forward_batch.attn_backend, "fuses_decode_rope", False)
+        and fused_rope_kv_applies(rotary_emb, attn, q, k, forward_batch)
+        and rotary_emb.rotary_dim == rotary_emb.head_size
+        and k.stride(-1) == 1
+        and v.stride(-1) == 1
+    ):
+        return None
+    from sglang.srt.layers.attention.triton_ops.decode_grouped import DecodeRope
+
+    cs = rotary_emb.cos_sin_cache
+    cs = cs if cs.stride(-1) == 1 else cs.contiguous()
+    return DecodeRope(positions, cs, k, v, forward_batch.out_cache_loc)
 
 
 def rope_and_save_kv(

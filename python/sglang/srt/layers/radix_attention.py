@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.attention.triton_ops.decode_grouped import DecodeRope
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -36,7 +37,14 @@ class RadixAttention(nn.Module):
         v: torch.Tensor,  # [num_tokens, num_kv_heads * head_dim]
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
+        rope: DecodeRope | None = None,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+        """Attend (and store k, v unless save_kv_cache is False). rope: q and k are unrotated
+        and the backend's decode kernel does the RoPE and the KV store (fused_rope_kv
+        .decode_rope; only backends with ``fuses_decode_rope``)."""
         k = k.view(-1, self.tp_k_head_num, self.head_dim)
         v = v.view(-1, self.tp_v_head_num, self.head_dim)
-        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)
+        backend = forward_batch.attn_backend
+        if rope is not None:  # only backends with fuses_decode_rope take it
+            return backend.forward(q, k, v, self, forward_batch, save_kv_cache, rope=rope)
+        return backend.forward(q, k, v, self, forward_batch, save_kv_cache)

@@ -25,7 +25,7 @@ from sglang.srt.layers.fused_linear import (
     silu_mul_linear,
     silu_mul_linear_applies,
 )
-from sglang.srt.layers.fused_rope_kv import rope_and_save_kv
+from sglang.srt.layers.fused_rope_kv import decode_rope, rope_and_save_kv
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     MergedColumnParallelLinear,
@@ -114,6 +114,11 @@ class LlamaAttention(nn.Module):
         self.attn = RadixAttention(
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
         )
+        # Decode steps may leave RoPE and the KV store to the decode kernel (decode_rope): the
+        # target's layers, whose decode token sits at req_to_token[row, seq_len - 1] =
+        # out_cache_loc; the EAGLE-3 draft's layer turns it off (its drafting steps lay out
+        # their slots on their own), and so does the EAGLE draft's.
+        self.rope_in_decode = True
 
     def forward(
         self,
@@ -125,11 +130,19 @@ class LlamaAttention(nn.Module):
         if qkv is None:
             qkv, _ = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # RoPE, fused with the KV store when the step allows (layers/fused_rope_kv.py)
-        q, k, kv_saved = rope_and_save_kv(
-            self.rotary_emb, self.attn, positions, q, k, v, forward_batch
-        )
-        attn_out = self.attn(q, k, v, forward_batch, save_kv_cache=not kv_saved)  # [T, Hq * D]
+        # RoPE and the KV store: inside the decode kernel (SGLANG_FUSED_ROPE_DECODE), else
+        # fused in one kernel when the step allows (layers/fused_rope_kv.py)
+        rope = None
+        if self.rope_in_decode:
+            rope = decode_rope(self.rotary_emb, self.attn, positions, q, k, v, forward_batch)
+        if rope is not None:
+            attn_out = self.attn(q, k, v, forward_batch, save_kv_cache=False, rope=rope)
+        else:
+            q, k, kv_saved = rope_and_save_kv(
+                self.rotary_emb, self.attn, positions, q, k, v, forward_batch
+            )
+            attn_out = self.attn(q, k, v, forward_batch, save_kv_cache=not kv_saved)
+        # attn_out: [T, Hq * D]
         out, _ = self.o_proj(attn_out)
         return out
 

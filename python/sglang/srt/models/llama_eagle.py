@@ -51,6 +51,7 @@ class EagleDecoderLayer(LlamaDecoderLayer):
     def __init__(self, config, layer_id: int, prefix: str = "") -> None:
         qkv_bias, o_bias = LlamaForCausalLM.attention_bias(config)
         super().__init__(config, layer_id, qkv_bias, o_bias, prefix)
+        self.self_attn.rope_in_decode = False  # LlamaAttention: drafting steps lay out their slots
         if layer_id == 0:
             self.input_layernorm = nn.Identity()
 

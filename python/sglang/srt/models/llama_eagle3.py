@@ -51,6 +51,7 @@ class Eagle3DecoderLayer(nn.Module):
         o_bias = bool(getattr(config, "attention_bias", False))
         self.self_attn = LlamaAttention(config, layer_id, False, o_bias, f"{prefix}.self_attn")
         attn = self.self_attn
+        attn.rope_in_decode = False  # LlamaAttention: not in the drafting steps' decode kernel
         attn.qkv_proj = QKVParallelLinear(  # replaces the hidden-wide one built by LlamaAttention
             2 * hidden,
             attn.head_dim,

@@ -29,7 +29,10 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (
     alloc_decode_partials,
     decode_attention_fwd,
 )
-from sglang.srt.layers.attention.triton_ops.decode_grouped import grouped_decode_num_splits
+from sglang.srt.layers.attention.triton_ops.decode_grouped import (
+    DecodeRope,
+    grouped_decode_num_splits,
+)
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from sglang.srt.server_args import env_flag
 
@@ -88,6 +91,12 @@ class TritonAttnBackend(AttentionBackend):
     """
 
     saves_kv_through_pool = True  # forward: pool.set_kv_buffer, then reads the pool
+
+    @property
+    def fuses_decode_rope(self) -> bool:
+        """Whether decode steps may hand this backend the layer's RoPE and KV store
+        (forward's rope; the grouped decode kernel does them)."""
+        return self.grouped_decode
 
     def __init__(
         self,
@@ -177,18 +186,27 @@ class TritonAttnBackend(AttentionBackend):
         layer: RadixAttention,
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
+        rope: DecodeRope | None = None,
     ) -> torch.Tensor:  # [num_tokens, H * D] in q's dtype
+        """rope (fused_rope_kv.decode_rope, a decode step with the grouped kernel only): q and
+        k are unrotated, and the decode kernel does the RoPE and the KV store; raises
+        ValueError on another step or with save_kv_cache."""
         h, d = layer.tp_q_head_num, layer.head_dim
         check_head_dim(d)
         if h % layer.tp_k_head_num:
             raise ValueError(f"num_heads {h} is not a multiple of num_kv_heads")
+        m: TritonMetadata = forward_batch.attn_metadata
+        if rope is not None and (save_kv_cache or not m.is_decode or not self.grouped_decode):
+            raise ValueError(
+                "rope (RoPE and the KV store in the decode kernel) needs a decode step with the "
+                "grouped decode kernel and save_kv_cache=False"
+            )
         pool = forward_batch.token_to_kv_pool
         if save_kv_cache:
             pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf = pool.get_key_buffer(layer.layer_id)
         v_buf = pool.get_value_buffer(layer.layer_id)
         q = q.reshape(-1, h, d)
-        m: TritonMetadata = forward_batch.attn_metadata
         # the decode kernels write every row (a CUDA-graph pad request attends to slot 0);
         # extend: zeros, so rows no request owns (CUDA-graph token padding) stay finite
         out = torch.empty_like(q) if m.is_decode else torch.zeros_like(q)
@@ -214,6 +232,7 @@ class TritonAttnBackend(AttentionBackend):
                 num_splits=splits,
                 partials=partials,
                 grouped=self.grouped_decode,
+                rope=rope,
             )
         else:
             extend_attention_fwd(

@@ -251,6 +251,30 @@ def _fused_rope_kv_enabled() -> bool:
 FUSED_ROPE_KV_ENABLED: bool = _fused_rope_kv_enabled()
 
 
+def _fused_rope_decode_enabled() -> bool:
+    """SGLANG_FUSED_ROPE_DECODE: "1" / "on" / "true" / "yes" let the grouped Triton decode
+    kernel do a decode step's RoPE and KV store itself (layers/fused_rope_kv.decode_rope);
+    unset or "0" / "off" / "false" / "no" leave them to rope_kv.py's kernel. Raises ValueError
+    naming the variable for any other value."""
+    flag = env_flag("FUSED_ROPE_DECODE").strip().lower()
+    if flag not in ("", *_ON, *_OFF):
+        raise ValueError(f"SGLANG_FUSED_ROPE_DECODE={flag!r}: expected 0 or 1")
+    return _triton_enabled() and flag in _ON
+
+
+# Decided once at import (SGLANG_FUSED_ROPE_DECODE): RoPE and the KV store inside the grouped
+# decode kernel (attention/triton_ops/decode_grouped.DecodeRope). Off by default until the H200
+# has measured it (twenty-fifth session: written and checked bit for bit under the interpreter).
+FUSED_ROPE_DECODE_ENABLED: bool = _fused_rope_decode_enabled()
+
+
+def use_fused_rope_decode(tensor: torch.Tensor) -> bool:
+    """True when a decode step's RoPE and KV store may run inside the decode kernel for this
+    tensor (CUDA, SGLANG_FUSED_ROPE_DECODE on); the step's own conditions are checked by
+    layers/fused_rope_kv.decode_rope."""
+    return FUSED_ROPE_DECODE_ENABLED and tensor.is_cuda and not needs_autograd(tensor)
+
+
 def use_fused_rope_kv(tensor: torch.Tensor) -> bool:
     """True when RoPE and the KV store may run as one kernel for this tensor (CUDA, the Triton
     kernels enabled, SGLANG_FUSED_ROPE_KV not "0"); the step's own conditions are checked by

@@ -24,7 +24,10 @@ import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops import token_head_strides
 from sglang.srt.layers.attention.triton_ops.decode_grouped import BLOCK_N as GROUPED_BLOCK_N
-from sglang.srt.layers.attention.triton_ops.decode_grouped import grouped_decode_stage1
+from sglang.srt.layers.attention.triton_ops.decode_grouped import (
+    DecodeRope,
+    grouped_decode_stage1,
+)
 from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
 
 
@@ -235,6 +238,7 @@ def decode_attention_fwd(
     num_splits: int = 1,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     grouped: bool = False,
+    rope: DecodeRope | None = None,
 ) -> None:
     """GQA decode attention; writes `out` (q's dtype) in place. H must be a multiple of Hkv.
 
@@ -244,11 +248,16 @@ def decode_attention_fwd(
     a host int fixed per shape (it sets the grid), never derived from the step's seq_lens.
     grouped: one program per (request, KV head, split) for the whole query group, with
     tensor-core dots (decode_grouped.py; block_n default 32), instead of one per query head
-    (block_n default 64). Raises ValueError on num_splits < 1 or partials of the wrong shape.
+    (block_n default 64). rope (grouped only): q is unrotated and the grouped kernel also does
+    the layer's RoPE and KV store (decode_grouped.DecodeRope).
+    Raises ValueError on num_splits < 1, partials of the wrong shape, rope without grouped, or
+    rope tensors that do not fit q and the caches.
     """
     bs, h, d = q.shape
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if rope is not None and not grouped:
+        raise ValueError("rope (RoPE and the KV store in the decode kernel) needs grouped=True")
     if bs == 0:
         return
     hkv = k_buf.shape[1]
@@ -256,7 +265,7 @@ def decode_attention_fwd(
         block_n = GROUPED_BLOCK_N if grouped else 64
     if grouped and num_splits == 1:
         args = (q, k_buf, v_buf, out, None, req_to_token, req_pool_indices, seq_lens)
-        grouped_decode_stage1(*args, sm_scale, 1, block_n)
+        grouped_decode_stage1(*args, sm_scale, 1, block_n, rope)
         return
     if num_splits == 1:
         _decode_attn_kernel[(bs, h)](
@@ -291,7 +300,7 @@ def decode_attention_fwd(
         )
     if grouped:
         args = (q, k_buf, v_buf, out, partials, req_to_token, req_pool_indices, seq_lens)
-        grouped_decode_stage1(*args, sm_scale, num_splits, block_n)
+        grouped_decode_stage1(*args, sm_scale, num_splits, block_n, rope)
     else:
         _decode_attn_split_kernel[(bs, h, num_splits)](
             q,

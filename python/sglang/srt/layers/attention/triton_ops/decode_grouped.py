@@ -24,12 +24,38 @@ static shapes (grouped_decode_num_splits), never from the step's lengths.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops import token_head_strides
 from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
+from sglang.srt.layers.triton_kernels.rmsnorm import round_to
+
+
+@dataclass(frozen=True)
+class DecodeRope:
+    """The layer's RoPE and KV store, left to the grouped decode kernel (SGLANG_FUSED_ROPE_DECODE,
+    layers/fused_rope_kv.decode_rope): q arrives unrotated, and each program rotates its
+    group's query rows and its KV head's new key in registers, attends with the new key and
+    value in place of the cache entry at position seq_len - 1 (which they would have
+    overwritten), and the program whose split holds that position writes them to slot loc[i].
+    Neox style over the whole head (rotary_dim == head_dim); the rounding is rotary.py's
+    (rotate_halves), so q, the keys attended and the KV pool are bit for bit those of
+    rope_kv.py's kernel followed by the decode kernel.
+
+    positions: [bs] int (each token's position); cos_sin_cache: [max_position, D] float32
+    [cos | sin]; k, v: [bs, Hkv * D] in q's dtype with a unit last stride (views of the fused
+    qkv rows); loc: [bs] int (each token's KV slot, req_to_token[row, seq_len - 1])."""
+
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    loc: torch.Tensor
+
 
 MAX_SPLITS = 32  # most KV splits per (request, KV head)
 BLOCK_N = 32  # keys per tile, and the shortest non-empty split
@@ -45,6 +71,17 @@ def grouped_decode_num_splits(bs: int, num_kv_heads: int, num_sms: int | None) -
         return 1
     programs = bs * num_kv_heads
     return max(1, min(MAX_SPLITS, (2 * num_sms) // programs))
+
+
+@triton.jit
+def _rotate_rows(x, partner, cos, sin, sgn, dtype: tl.constexpr):
+    """Neox RoPE of whole-head rows: x [..., D] and partner = x with its halves swapped; cos,
+    sin [D] float32 (rounded to dtype, repeated over both halves), sgn [D] -1 on the first half,
+    +1 on the second. Rounds each product and the sum to dtype, as rotary.rotate_halves."""
+    a = x.to(tl.float32)
+    b = partner.to(tl.float32)
+    o = round_to(a * cos, dtype).to(tl.float32) + round_to(sgn * b * sin, dtype).to(tl.float32)
+    return round_to(o, dtype)
 
 
 @triton.jit
@@ -69,6 +106,15 @@ def _grouped_decode_kernel(
     stride_oh,
     stride_r2t,
     num_heads,
+    pos_ptr,  # FUSE_ROPE: [bs] positions
+    loc_ptr,  # FUSE_ROPE: [bs] KV slots of the new tokens
+    knew_ptr,  # FUSE_ROPE: [bs, Hkv * D] unrotated new keys (row stride stride_knew)
+    vnew_ptr,  # FUSE_ROPE: [bs, Hkv * D] new values (row stride stride_vnew)
+    cs_ptr,  # FUSE_ROPE: [max_position, D] float32 cos | sin
+    stride_knew,
+    stride_vnew,
+    stride_cs,
+    max_position,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= GROUP and >= 16 (a tensor-core dot's M)
     HEAD_DIM: tl.constexpr,
@@ -76,6 +122,8 @@ def _grouped_decode_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
+    FUSE_ROPE: tl.constexpr,  # DecodeRope: rotate q and the new key, store the new K / V
+    ROPE_HALF: tl.constexpr,  # HEAD_DIM // 2
 ):
     pdl_wait(USE_PDL)
     b = tl.program_id(0)
@@ -91,11 +139,30 @@ def _grouped_decode_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     g_valid = offs_g < GROUP
     heads = kvh * GROUP + offs_g  # [BLOCK_H] query heads of this KV head
-    q = tl.load(
-        Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_valid[:, None],
-        other=0.0,
-    )  # [BLOCK_H, D]
+    q_rows = Q + b * stride_qt + heads[:, None] * stride_qh
+    q = tl.load(q_rows + offs_d[None, :], mask=g_valid[:, None], other=0.0)  # [BLOCK_H, D]
+    last = seq - 1  # the new token's position in the request's KV
+    if FUSE_ROPE:
+        dtype = Q.dtype.element_ty
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        pos = tl.where((pos >= 0) & (pos < max_position), pos, 0)  # as rotary.cos_sin_row
+        partner = (offs_d + ROPE_HALF) % HEAD_DIM  # the other half's channel
+        cs_row = cs_ptr + pos * stride_cs
+        cos = round_to(tl.load(cs_row + offs_d % ROPE_HALF), dtype).to(tl.float32)
+        sin = round_to(tl.load(cs_row + ROPE_HALF + offs_d % ROPE_HALF), dtype).to(tl.float32)
+        sgn = tl.where(offs_d < ROPE_HALF, -1.0, 1.0)
+        q_sw = tl.load(q_rows + partner[None, :], mask=g_valid[:, None], other=0.0)
+        q = _rotate_rows(q, q_sw, cos[None, :], sin[None, :], sgn[None, :], dtype)
+        k_row = knew_ptr + b * stride_knew + kvh * HEAD_DIM
+        k_new = _rotate_rows(tl.load(k_row + offs_d), tl.load(k_row + partner), cos, sin, sgn,
+                             dtype).to(K_buf.dtype.element_ty)  # fmt: skip
+        v_new = tl.load(vnew_ptr + b * stride_vnew + kvh * HEAD_DIM + offs_d).to(
+            V_buf.dtype.element_ty
+        )
+        if (start <= last) & (last < end):  # one split per (request, KV head) holds it
+            slot = tl.load(loc_ptr + b).to(tl.int64)
+            tl.store(K_buf + slot * stride_kt + kvh * stride_kh + offs_d, k_new)
+            tl.store(V_buf + slot * stride_vt + kvh * stride_vh + offs_d, v_new)
     r2t_row = req_to_token + row * stride_r2t
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -109,6 +176,8 @@ def _grouped_decode_kernel(
             mask=n_valid[:, None],
             other=0.0,
         )  # [BLOCK_N, D]
+        if FUSE_ROPE:  # the new key, not the cache entry it has not been written to yet
+            k = tl.where((offs_n == last)[:, None], k_new[None, :], k)
         s = tl.dot(q.to(k.dtype), tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         s = tl.where(n_valid[None, :], s * sm_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the tile holds >= 1 valid key
@@ -120,6 +189,8 @@ def _grouped_decode_kernel(
             mask=n_valid[:, None],
             other=0.0,
         )  # [BLOCK_N, D]
+        if FUSE_ROPE:
+            v = tl.where((offs_n == last)[:, None], v_new[None, :], v)
         acc = acc * alpha[:, None] + tl.dot(
             p.to(v.dtype), v, input_precision=DOT_PRECISION, out_dtype=tl.float32
         )
@@ -150,14 +221,24 @@ def grouped_decode_stage1(
     sm_scale: float,
     num_splits: int,
     block_n: int = BLOCK_N,
+    rope: DecodeRope | None = None,
 ) -> None:
     """Launch the grouped kernel over a (bs, Hkv, num_splits) grid. num_splits == 1 writes
     `out`; otherwise the partials, which decode_attention's reduce kernel merges. Shapes and
-    partials are checked by the caller (decode_attention.decode_attention_fwd)."""
+    partials are checked by the caller (decode_attention.decode_attention_fwd). With `rope`,
+    q is unrotated and the kernel does the layer's RoPE and KV store too (DecodeRope); raises
+    ValueError when its tensors do not fit q and the caches."""
     bs, h, d = q.shape
     hkv = k_buf.shape[1]
     group = h // hkv
     mid_o, mid_ml = partials if partials is not None else (out, out)  # unused when not split
+    if rope is not None:
+        _check_rope(rope, q, k_buf, v_buf)
+        cs = rope.cos_sin_cache
+        rope_args = (rope.positions, rope.loc, rope.k, rope.v, cs)
+        rope_args += (rope.k.stride(0), rope.v.stride(0), cs.stride(0), cs.shape[0])
+    else:
+        rope_args = (seq_lens, seq_lens, q, q, q, 0, 0, 0, 0)  # not read
     _grouped_decode_kernel[(bs, hkv, num_splits)](
         q,
         k_buf,
@@ -172,6 +253,7 @@ def grouped_decode_stage1(
         *token_head_strides(q, k_buf, v_buf, out),
         req_to_token.stride(0),
         h,
+        *rope_args,
         GROUP=group,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d,
@@ -180,4 +262,30 @@ def grouped_decode_stage1(
         # float32 K/V: full-precision dots (no TF32), so fp32 matches the reference to 1e-4
         DOT_PRECISION="ieee" if k_buf.dtype == torch.float32 else "tf32",
         **launch_args(q),
+        FUSE_ROPE=rope is not None,
+        ROPE_HALF=d // 2,
     )
+
+
+def _check_rope(rope: DecodeRope, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor):
+    bs, _, d = q.shape
+    hkv = k_buf.shape[1]
+    problems = []
+    for name, t in (("k", rope.k), ("v", rope.v)):
+        if t.shape != (bs, hkv * d) or t.stride(1) != 1 or t.dtype != q.dtype:
+            problems.append(f"{name} {tuple(t.shape)} {t.dtype} strides {t.stride()}")
+    for name, t in (("positions", rope.positions), ("loc", rope.loc)):
+        if t.shape != (bs,):
+            problems.append(f"{name} {tuple(t.shape)}")
+    cs = rope.cos_sin_cache
+    if cs.dim() != 2 or cs.shape[1] != d or cs.dtype != torch.float32 or cs.stride(1) != 1:
+        problems.append(f"cos_sin_cache {tuple(cs.shape)} {cs.dtype}")
+    if d % 2 or k_buf.dtype != q.dtype or v_buf.dtype != q.dtype:
+        problems.append(f"head_dim {d}, caches {k_buf.dtype} / {v_buf.dtype} for q {q.dtype}")
+    if problems:
+        raise ValueError(
+            f"DecodeRope for q {tuple(q.shape)} (bs, H, D) and {hkv} KV heads: expected k, v "
+            f"[bs, Hkv * D] in q's dtype with unit last stride, positions and loc [bs], a "
+            f"float32 [max_position, D] cos | sin cache, an even D, caches in q's dtype; got "
+            + "; ".join(problems)
+        )
