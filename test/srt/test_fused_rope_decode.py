@@ -100,6 +100,23 @@ def test_fused_equals_rope_kv_then_decode(dtype, hq, hkv, splits):
     assert not torch.equal(k_f[c["loc"]], c["k_cache"][c["loc"]])
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_fused_never_reads_the_new_tokens_cache_entry(splits):
+    """The kernel attends with the new key and value it rotated, never with the cache at
+    position seq_len - 1: on a GPU another program of the same launch may store that entry
+    only while it is read. Pointing req_to_token[row, seq_len - 1] at a NaN slot (the new token
+    still goes to loc) leaves the fused output unchanged."""
+    c = _case(torch.float32, [1, 37, 70, 5], 8, 2)
+    out_ref, _, _ = _run(c, False, splits)
+    nan_slot = c["k_cache"].shape[0]
+    c["k_cache"] = torch.cat([c["k_cache"], torch.full_like(c["k_cache"][:1], float("nan"))])
+    c["v_cache"] = torch.cat([c["v_cache"], torch.full_like(c["v_cache"][:1], float("nan"))])
+    c["r2t"][c["rows"], c["seq_lens"] - 1] = nan_slot
+    out, k_cache, _ = _run(c, True, splits)
+    assert torch.equal(out, out_ref)
+    assert torch.isnan(k_cache[nan_slot]).all()  # still never written
+
+
 def test_rope_needs_grouped_and_fitting_tensors():
     c = _case(torch.float32, [3, 9], 4, 2)
     hq, hkv, d = c["hq"], c["hkv"], c["d"]

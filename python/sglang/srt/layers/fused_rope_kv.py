@@ -75,11 +75,13 @@ def decode_rope(
     Applies when ``use_fused_rope_decode(q)`` (CUDA, SGLANG_FUSED_ROPE_DECODE on), the step is
     a decode step, ``fused_rope_kv_applies`` holds, the rotation covers the whole head
     (rotary_dim == head_dim), k and v have a unit last stride, and the step's backend says it
-    can (``fuses_decode_rope``: the Triton backend with its grouped decode kernel)."""
+    can (``fuses_decode_rope``: the Triton backend with its grouped decode kernel) and will run
+    its decode kernel (its metadata's is_decode)."""
     if not (
         use_fused_rope_decode(q)
         and forward_batch.forward_mode == ForwardMode.DECODE
         and getattr(forward_batch.attn_backend, "fuses_decode_rope", False)
+        and getattr(forward_batch.attn_metadata, "is_decode", False)  # the decode kernel runs
         and fused_rope_kv_applies(rotary_emb, attn, q, k, forward_batch)
         and rotary_emb.rotary_dim == rotary_emb.head_size
         and k.stride(-1) == 1
