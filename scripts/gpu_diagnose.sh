@@ -153,6 +153,8 @@ roofline_abab() {  # env var, file tag, box (s), knob values in run order: the 8
       --repeats 1 --copy-gib 2 --result-file "$f" > "$D/roofline_$short$knob.log" 2>&1
     echo "roofline $var=$knob rc=$? at $(( $(date +%s) - T0 )) s"
     grep -h -E '"(tokens_per_s|step_ms|roofline_fraction)"' "$f" 2>/dev/null | head -3
+    # packed after every run: a call cut short by its box still brings back what finished
+    tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" . 2>/dev/null
   done
 }
 
