@@ -24,6 +24,7 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (  # noqa: E
 )
 from sglang.srt.layers.attention.triton_ops.decode_grouped import DecodeRope  # noqa: E402
 from sglang.srt.layers.triton_kernels.rope_kv import rope_and_store_kv  # noqa: E402
+from sglang.test.tiny_llama_steps import ragged_prefill_then_decode  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 
@@ -135,26 +136,9 @@ def test_rope_needs_grouped_and_fitting_tensors():
 
 
 def _prefill_then_decode(model_dir: str, dtype: str, backend_cls) -> tuple[list, list]:
-    """The tiny Llama (2 layers, 4 heads, 2 KV heads, head_dim 16): a ragged prefill of two
-    requests, then two decode steps of both. Returns (each step's logits, the KV pool's k and v
-    buffers)."""
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.model_loader import get_model
-    from sglang.test.forward_harness import ForwardHarness
-
-    cfg = ModelConfig(model_dir, dtype=dtype)
-    model = get_model(cfg, device=DEVICE)
-    harness = ForwardHarness(model, cfg, max_total_tokens=32, max_requests=2, device=DEVICE)
-    harness.attn_backend = backend_cls()
-    harness.allocator.alloc(5)  # the steps write slots 6-15, not the first free ones
-    a, b = harness.new_request(), harness.new_request()
-    logits = [harness.forward([(a, [5, 6, 7, 8]), (b, [9, 10, 11])]).next_token_logits]
-    decode = dict(forward_mode=ForwardMode.DECODE)
-    logits.append(harness.forward([(a, [12]), (b, [13])], **decode).next_token_logits)
-    logits.append(harness.forward([(a, [14]), (b, [15])], **decode).next_token_logits)
-    pool = harness.token_to_kv_pool
-    return logits, pool.k_buffer + pool.v_buffer
+    """ragged_prefill_then_decode with two decode steps: each step's logits, the KV pool's k
+    and v buffers."""
+    return ragged_prefill_then_decode(model_dir, backend_cls, dtype, DEVICE, decode_steps=2)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

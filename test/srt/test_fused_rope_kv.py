@@ -32,6 +32,7 @@ from sglang.srt.model_loader import get_model  # noqa: E402
 from sglang.srt.speculative.draft_config import load_draft_model  # noqa: E402
 from sglang.test.forward_harness import ForwardHarness  # noqa: E402
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir  # noqa: E402
+from sglang.test.tiny_llama_steps import ragged_prefill_then_decode  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -256,20 +257,9 @@ def kernel_calls(monkeypatch) -> list[str]:
 def _prefill_then_decode(
     model_dir: str, backend_cls, dtype: str = "bfloat16"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The tiny Llama (2 layers, 4 heads, 2 KV heads, head_dim 16) in dtype: a ragged prefill of
-    two requests, then one decode step of both. Returns (the logits of both steps, the KV pool's
-    k and v buffers)."""
-    cfg = ModelConfig(model_dir, dtype=dtype)
-    model = get_model(cfg, device=DEVICE)
-    harness = ForwardHarness(model, cfg, max_total_tokens=32, max_requests=2, device=DEVICE)
-    harness.attn_backend = backend_cls()
-    harness.allocator.alloc(5)  # the steps write slots 6-14, not the first free ones
-    a, b = harness.new_request(), harness.new_request()
-    logits = [harness.forward([(a, [5, 6, 7, 8]), (b, [9, 10, 11])]).next_token_logits]
-    decode = dict(forward_mode=ForwardMode.DECODE)
-    logits.append(harness.forward([(a, [12]), (b, [13])], **decode).next_token_logits)
-    pool = harness.token_to_kv_pool
-    return logits, pool.k_buffer + pool.v_buffer
+    """ragged_prefill_then_decode with one decode step: the logits of both steps and the KV
+    pool's k and v buffers."""
+    return ragged_prefill_then_decode(model_dir, backend_cls, dtype, DEVICE, decode_steps=1)
 
 
 def test_tiny_llama_fused_equals_unfused(tiny_model_dir, monkeypatch, kernel_calls) -> None:
