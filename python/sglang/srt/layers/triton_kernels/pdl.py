@@ -50,6 +50,9 @@ import triton.language as tl
 from sglang.srt.layers.triton_kernels import GEMV_PREFETCH_BYTES, TRITON_PDL_ENABLED
 
 L2_LINE_BYTES = 128  # one prefetch instruction per L2 line
+# Triton's interpreter runs neither griddepcontrol nor inline asm. Read once, like triton.jit,
+# which reads TRITON_INTERPRET when a kernel is decorated (this module imports triton).
+_INTERPRETING: bool = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.cache
@@ -61,7 +64,7 @@ def pdl_on(t: torch.Tensor) -> bool:
     """True when kernels working on `t` launch with PDL: SGLANG_TRITON_PDL on, `t` on a CUDA
     device of compute capability >= 9 (Hopper and newer), and Triton compiling the kernels
     (its interpreter, TRITON_INTERPRET=1, runs neither griddepcontrol nor inline asm)."""
-    if not (TRITON_PDL_ENABLED and t.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
+    if not (TRITON_PDL_ENABLED and t.is_cuda) or _INTERPRETING:
         return False
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     return _device_has_pdl(index)
