@@ -44,6 +44,15 @@ _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 
 
+def _switch(name: str, default: bool) -> bool:
+    """The on / off switch SGLANG_<name>: one of _ON or _OFF (any case, stripped), `default`
+    when unset or "". Raises ValueError naming the variable for any other value."""
+    flag = env_flag(name).strip().lower()
+    if flag not in ("", *_ON, *_OFF):
+        raise ValueError(f"SGLANG_{name}={flag!r}: expected 0 or 1")
+    return default if flag == "" else flag in _ON
+
+
 def _triton_enabled() -> bool:
     if env_flag("DISABLE_TRITON_KERNELS").strip().lower() in _ON:
         return False
@@ -187,10 +196,7 @@ def _norm_prologue_exact() -> bool:
     """SGLANG_FUSED_GEMV_NORM_EXACT: "1" / "on" / "true" / "yes" make the RMSNorm prologue round
     as the unfused kernels do (gemv_prologue.py's exact kernel); unset or "0" / "off" / "false"
     / "no": the scaled kernel. Raises ValueError naming the variable for any other value."""
-    flag = env_flag("FUSED_GEMV_NORM_EXACT").strip().lower()
-    if flag not in ("", *_ON, *_OFF):
-        raise ValueError(f"SGLANG_FUSED_GEMV_NORM_EXACT={flag!r}: expected 0 or 1")
-    return flag in _ON
+    return _switch("FUSED_GEMV_NORM_EXACT", False)
 
 
 # Decided once at import: which kernel the RMSNorm prologue runs (gemv_rmsnorm's `exact`).
@@ -212,10 +218,7 @@ def _fused_gemv_epilogue_enabled() -> bool:
     """SGLANG_FUSED_GEMV_EPILOGUE: "1" / "on" / "true" / "yes" turn the gate_up GEMV's
     SiLU-and-mul epilogue on; unset or "0" / "off" / "false" / "no" leave it off. Raises
     ValueError naming the variable for any other value."""
-    flag = env_flag("FUSED_GEMV_EPILOGUE").strip().lower()
-    if flag not in ("", *_ON, *_OFF):
-        raise ValueError(f"SGLANG_FUSED_GEMV_EPILOGUE={flag!r}: expected 0 or 1")
-    return flag in _ON
+    return _switch("FUSED_GEMV_EPILOGUE", False)
 
 
 # Decided once at import (SGLANG_FUSED_GEMV_EPILOGUE): the SiLU-and-mul epilogue of the gate_up
@@ -256,10 +259,7 @@ def _fused_rope_decode_enabled() -> bool:
     kernel do a decode step's RoPE and KV store itself (layers/fused_rope_kv.decode_rope);
     unset or "0" / "off" / "false" / "no" leave them to rope_kv.py's kernel. Raises ValueError
     naming the variable for any other value."""
-    flag = env_flag("FUSED_ROPE_DECODE").strip().lower()
-    if flag not in ("", *_ON, *_OFF):
-        raise ValueError(f"SGLANG_FUSED_ROPE_DECODE={flag!r}: expected 0 or 1")
-    return _triton_enabled() and flag in _ON
+    return _switch("FUSED_ROPE_DECODE", False) and _triton_enabled()
 
 
 # Decided once at import (SGLANG_FUSED_ROPE_DECODE): RoPE and the KV store inside the grouped
@@ -286,10 +286,7 @@ def _triton_pdl_enabled() -> bool:
     """SGLANG_TRITON_PDL: unset or "1" / "on" / "true" / "yes" let the decode-step kernels
     launch with programmatic dependent launch where the GPU has it (pdl.py); "0" / "off" /
     "false" / "no" launch them as before. Raises ValueError naming the variable otherwise."""
-    flag = env_flag("TRITON_PDL").strip().lower()
-    if flag not in ("", *_ON, *_OFF):
-        raise ValueError(f"SGLANG_TRITON_PDL={flag!r}: expected 0 or 1")
-    return flag not in _OFF
+    return _switch("TRITON_PDL", True)
 
 
 # Decided once at import (SGLANG_TRITON_PDL, on by default): pdl.launch_args gives the kernels
