@@ -177,7 +177,8 @@ def gc_per_step(before: dict[str, Any], after: dict[str, Any]) -> dict[str, floa
 
 
 def server_state(server: Server) -> dict[str, Any]:
-    """Scalar entries of the scheduler's internal state (best effort)."""
+    """Scalar entries of the scheduler's internal state, short lists and small dicts (the
+    adaptive server's step-time coefficients and drafting steps by batch size; best effort)."""
     try:
         state = server.get("/get_server_info")["internal_states"][0]
     except Exception as e:  # noqa: BLE001
@@ -185,7 +186,7 @@ def server_state(server: Server) -> dict[str, Any]:
     return {
         k: v
         for k, v in state.items()
-        if isinstance(v, int | float | str | bool) or (isinstance(v, list) and len(v) <= 16)
+        if isinstance(v, int | float | str | bool) or (isinstance(v, list | dict) and len(v) <= 16)
     }
 
 

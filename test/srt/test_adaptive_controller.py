@@ -487,3 +487,41 @@ def test_guard_plain_rate_is_tokens_over_seconds():
     for _ in range(16):
         g.observe(1, True, 4, 4e-3)
     assert g.num_trips == 1
+
+
+def test_drafting_report_counts_each_drafting_step_in_its_batch_bucket(monkeypatch):
+    """spec_drafting_by_bs: per batch-size bucket, the drafting steps, the requests that drafted
+    in them, the tokens they committed, and the sums of the model's predicted time (last
+    solve before the step) and of the measured wall intervals. Plain steps add nothing."""
+    from sglang.srt.speculative.adaptive import controller as ctl
+    from sglang.srt.speculative.adaptive.step_time_model import allocation_features
+
+    clock = [0.0]
+    monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
+    cfg = parse_adaptive_config(json.dumps({"time_model": {"const": 1e-3, "spec_on": 2e-3}}))
+    c = ctl.AdaptiveController(cfg, K, num_slots=8)
+    reqs = [_Req(i) for i in range(5)]
+    steps = [  # (batch, draft lengths, accepted, seconds since the last commit)
+        (reqs[:2], [0, 0], [0, 0], 1e-3),
+        (reqs[:2], [3, 0], [2, 0], 4e-3),
+        (reqs[:2], [2, 2], [0, 1], 5e-3),
+        (reqs[:5], [0, 1, 0, 0, 4], [0, 1, 0, 0, 4], 6e-3),
+        (reqs[:5], [0] * 5, [0] * 5, 1e-3),
+    ]
+    want_pred = {"2-3": 0.0, "4-7": 0.0}
+    for i, (batch, d, acc, dt) in enumerate(steps):
+        clock[0] += dt
+        if any(d):
+            x = allocation_features(d, [1] * len(d), 100 * len(batch))
+            want_pred["2-3" if len(batch) < 4 else "4-7"] += c.time_model.predict_unsolved(x)
+        c.observe(batch, d, acc, 1e-3, i)
+    report = c.info()["spec_drafting_by_bs"]
+    assert list(report) == ["2-3", "4-7"]
+    assert {k: (v["steps"], v["request_steps"], v["tokens"]) for k, v in report.items()} == {
+        "2-3": (2, 3, 2 + 2 + 2 + 1),
+        "4-7": (1, 2, 5 + 5),
+    }
+    assert report["2-3"]["measured_s"] == pytest.approx(9e-3)
+    assert report["4-7"]["measured_s"] == pytest.approx(6e-3)
+    for key, pred in want_pred.items():
+        assert report[key]["predicted_s"] == pytest.approx(pred, abs=1e-6)
