@@ -218,7 +218,7 @@ def test_per_head_decode_and_other_backends_stay_unfused(tiny_model_dir, monkeyp
 def test_switch(monkeypatch):
     from sglang.srt.layers import triton_kernels
 
-    for value, on in (("", False), ("0", False), ("1", True), ("on", True)):
+    for value, on in (("", True), ("0", False), ("1", True), ("on", True), ("off", False)):
         monkeypatch.setenv("SGLANG_FUSED_ROPE_DECODE", value)
         assert triton_kernels._fused_rope_decode_enabled() is on
     monkeypatch.setenv("SGLANG_FUSED_ROPE_DECODE", "sometimes")
