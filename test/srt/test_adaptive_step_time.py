@@ -142,34 +142,88 @@ def test_model_learns_without_readers():
     assert model.predict_unsolved(x) == pytest.approx(0.25, rel=0.05)
 
 
-def test_buffered_updates_equal_one_at_a_time_updates():
+@pytest.mark.parametrize("idle_decay", [0.9999, 0.98, 0.5])
+def test_buffered_updates_equal_one_at_a_time_updates(idle_decay):
     """update() buffers measurements and folds them in batches; the statistics and the solved
-    coefficients equal the eager reference (decay, then add z z^T and z y with y clipped to
-    [1/3, 3] x the last solve's prediction), whether the buffer is folded by a read mid-way or
-    after SOLVE_EVERY updates."""
+    coefficients equal the eager reference (every step multiplies its regime's statistics
+    by decay and every other regime's by idle_decay, then adds z z^T and z y with y clipped
+    to [1/3, 3] x the last solve's prediction), whether the buffer is folded by a read mid-way
+    or after SOLVE_EVERY updates. With idle_decay = decay (0.98) that is one forgetting factor
+    for all, the model before the twenty-sixth session."""
     from sglang.srt.speculative.adaptive import step_time_model as stm
 
     rng = np.random.default_rng(3)
-    model = StepTimeModel({**ZERO, "const": 2e-3, "bs": 1e-5})
-    gram, moment, theta = model.gram.copy(), model.moment.copy(), model.theta.copy()
+    model = StepTimeModel({**ZERO, "const": 2e-3, "bs": 1e-5}, idle_decay=idle_decay)
+    f = len(FEATURES)
+    regimes: dict = {}  # regime -> [gram, moment]
+    uniform = [np.zeros((f, f)), np.zeros(f)]  # the single-factor statistics
+    theta = model.theta.copy()
     n = 0
     for i in range(3 * stm.SOLVE_EVERY + 5):
-        bs = int(rng.integers(1, 64))
-        x = allocation_features([int(d) for d in rng.integers(0, 4, bs)], [1] * bs, 300 * bs)
+        bs = int(rng.choice([1, 2, 5, 16, 40]))
+        drafts = rng.integers(0, 4, bs) * (rng.random() < 0.3)
+        x = allocation_features([int(d) for d in drafts], [1] * bs, 300 * bs)
         y = float(rng.choice([1e-4, 3e-3, 5e-2]))  # some clipped on either side
         z = x / stm._SCALES
         pred = max(float(z @ theta), 1e-6)
         y_c = min(max(y, pred / 3), pred * 3)
-        gram = gram * model.decay + np.outer(z, z)
-        moment = moment * model.decay + z * y_c
+        key = (int(drafts.any()), bs.bit_length())
+        for k, (g, m) in regimes.items():
+            w = model.decay if k == key else idle_decay
+            regimes[k] = [g * w, m * w]
+        g, m = regimes.get(key, [np.zeros((f, f)), np.zeros(f)])
+        regimes[key] = [g + np.outer(z, z), m + z * y_c]
+        uniform = [uniform[0] * model.decay + np.outer(z, z), uniform[1] * model.decay + z * y_c]
         n += 1
         model.update(x, y)
         if n % stm.SOLVE_EVERY == 0 or i == 10:  # a solve: by the cadence, or a read (i = 10)
             if i == 10:
                 model.predict(x)
+            gram = sum(g for g, _ in regimes.values())
+            moment = sum(m for _, m in regimes.values())
             theta = stm._ridge_nonneg(gram, moment, model.prior, model.prior_weight)
             np.testing.assert_allclose(model.theta, theta, rtol=1e-9, atol=1e-15)
             np.testing.assert_allclose(model.gram, gram, rtol=1e-12, atol=1e-18)
             np.testing.assert_allclose(model.moment, moment, rtol=1e-12, atol=1e-18)
+            if idle_decay == model.decay:
+                np.testing.assert_allclose(model.gram, uniform[0], rtol=1e-12, atol=1e-18)
+                np.testing.assert_allclose(model.moment, uniform[1], rtol=1e-12, atol=1e-18)
             n = 0
+    assert len(regimes) >= 6  # the runs crossed drafting and plain steps of several buckets
     assert len(model._rows) == n > 0 and model.num_updates == 3 * stm.SOLVE_EVERY + 5
+
+
+def test_rare_drafting_steps_are_remembered_through_long_plain_runs():
+    """Under load drafting is rare: a server measures a few drafting steps (here 6 ms at bs 1,
+    where the warm-up prior says 2.1 ms) and then runs 1500 plain steps at bs 16. Per-regime
+    forgetting keeps what the drafting steps and the bs-1 plain steps cost; one factor for
+    all (idle_decay = decay, the model before the twenty-sixth session) is back at the prior
+    for both (on the H200 the adaptive server then drafted again in every round of a paired
+    run at c = 16, at 2-3x the predicted step time)."""
+    prior = {
+        "const": 1.39e-3,
+        "verify_tokens": 1.0e-6,
+        "draft_tokens": 2.3e-6,
+        "draft_steps": 3.6e-7,
+        "spec_on": 7.5e-4,
+        "draft_reqs": 3.5e-6,
+    }
+    x_draft = allocation_features([4], [5], 300)
+    x_plain1 = allocation_features([0], [1], 300)
+    x_plain16 = allocation_features([0] * 16, [1] * 16, 16 * 300)
+    predicted = {}
+    for idle in (0.9999, 0.98):
+        model = StepTimeModel({**ZERO, **prior}, idle_decay=idle)
+        assert model.predict(x_draft) == pytest.approx(2.1e-3, rel=0.05)
+        for _ in range(30):
+            model.update(x_plain1, 0.8e-3)
+            model.update(x_draft, 6e-3)
+        for _ in range(1500):
+            model.update(x_plain16, 1.2e-3)
+        predicted[idle] = model.predict(np.stack([x_draft, x_plain1, x_plain16]))
+    draft, plain1, plain16 = predicted[0.9999]
+    assert draft == pytest.approx(6e-3, rel=0.1) and plain1 == pytest.approx(0.8e-3, rel=0.1)
+    assert plain16 == pytest.approx(1.2e-3, rel=0.02)
+    draft, plain1, plain16 = predicted[0.98]
+    assert draft < 3e-3 and plain1 > 1.1e-3  # the measurements are forgotten
+    assert plain16 == pytest.approx(1.2e-3, rel=0.02)

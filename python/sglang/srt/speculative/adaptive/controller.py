@@ -56,7 +56,11 @@ class AdaptiveController:
             idle_decay=cfg.idle_accept_decay,
         )
         self.time_model = StepTimeModel(
-            cfg.time_model, cfg.time_decay, cfg.time_prior_weight, cfg.online_correction
+            cfg.time_model,
+            cfg.time_decay,
+            cfg.time_prior_weight,
+            cfg.online_correction,
+            cfg.time_idle_decay,
         )
         # measured check of the policy (goodput only: the baselines do what they are told)
         self.guard = None

@@ -19,6 +19,10 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "idle_accept_decay": 0.97,                  # per non-drafting step: back to the prior
      "time_model": {"const": 0.004, ...},        # prior step-time coefficients (seconds/unit)
      "online_correction": true, "time_decay": 0.98, "time_prior_weight": 0.05,
+     "time_idle_decay": 0.9999,                  # step-time statistics of a regime (drafting
+                                                 # or not, batch-size bucket) fade by
+                                                 # time_decay per step of that regime, by
+                                                 # this per step of any other
      "profile": true,                            # warm-up sweep at startup (CUDA only)
      "profile_batch_sizes": [1, 4, 16, 64, 256],  # those that fit the pools
      "probe_every": 32,                          # after this many drafting steps in a row,
@@ -76,6 +80,7 @@ class AdaptiveConfig:
     online_correction: bool = True
     time_decay: float = 0.98
     time_prior_weight: float = 0.05
+    time_idle_decay: float = 0.9999
     profile: bool = True
     profile_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     probe_every: int = 32
@@ -177,6 +182,7 @@ _CHECKS = {
     "online_correction": lambda v: _bool("online_correction", v),
     "time_decay": lambda v: _number("time_decay", v, 0.0, 1.0, lo_open=True),
     "time_prior_weight": lambda v: _number("time_prior_weight", v, 0.0, 1e9, lo_open=True),
+    "time_idle_decay": lambda v: _number("time_idle_decay", v, 0.0, 1.0, lo_open=True),
     "profile": lambda v: _bool("profile", v),
     "profile_batch_sizes": _batch_sizes,
     "probe_every": lambda v: _int("probe_every", v, 0),

@@ -18,9 +18,21 @@ bookkeeping; on SmolLM2 / H200 about 1 ms per drafting request, which without th
 the fit had to put into `bs`, i.e. into plain steps too).
 
 Online correction: discounted ridge regression towards the prior coefficients (recursive least
-squares with forgetting factor `decay`, regularised by `prior_weight` pseudo observations of
-the prior), so directions the recent steps do not excite (e.g. draft costs while nothing
-drafts) stay at the profiled values instead of drifting.
+squares with forgetting, regularised by `prior_weight` pseudo observations of the prior).
+
+Forgetting is per regime, a regime being (whether the step drafted, its batch-size bucket
+bs.bit_length()): a step multiplies its own regime's statistics by `decay` and every other
+regime's by `idle_decay` (default 0.9999, nearly 1). So a regime's measurements fade as that
+regime is measured again, and only slowly while the server runs other steps. One factor for
+all (`idle_decay` = `decay`, the model before the twenty-sixth session) made the model forget
+what drafting costs within ~150 plain steps: under load drafting is rare, so its coefficients
+went back to the warm-up sweep's, which does not see what a drafting step costs in a server
+(it drains the overlap pipeline; catch-up extends). On the H200 at c = 16 an adaptive SmolLM2
+server then drafted again in every round of a paired run, at 2-3x the predicted step time in
+every batch-size bucket (`spec_drafting_by_bs` of `paired_smollm2_never_h200_s26.json`:
+bs 1 predicted 2.6 ms, measured 6.4 ms; bs 16-31 3.9 against 10.7 ms). The same held for
+plain steps of batch sizes the load leaves alone (the tail of a burst, at bs 1-3, predicted from
+the bs 16 steps around it). Directions that nothing has measured yet still stay at the prior.
 """
 
 from __future__ import annotations
@@ -102,14 +114,37 @@ def allocation_features(
     return np.array([1.0, n, n + float(d.sum()), draft, steps, float(steps > 0), kv_tokens, reqs])
 
 
+_BS, _SPEC_ON = FEATURES.index("bs"), FEATURES.index("spec_on")
+
+
+def regime(x: np.ndarray) -> tuple[int, int]:
+    """(1 if the step drafted else 0, bs.bit_length()) of a feature row x [F]: the regime
+    whose statistics its measurement joins (see the module docstring)."""
+    return int(x[_SPEC_ON] > 0), int(x[_BS]).bit_length()
+
+
+class _Regime:
+    """One regime's discounted statistics as of its last measured step `last` (update index):
+    gram [F, F] = sum w z z^T, moment [F] = sum w z y."""
+
+    __slots__ = ("gram", "moment", "last")
+
+    def __init__(self, n: int) -> None:
+        self.gram = np.zeros((n, n))
+        self.moment = np.zeros(n)
+        self.last = -1
+
+
 class StepTimeModel:
     """Linear step-time model (seconds) with online correction.
 
     Args:
         coef: prior coefficients by FEATURES name (missing names take DEFAULT_COEF).
-        decay: forgetting factor per observed step, in (0, 1].
+        decay: forgetting factor of a regime per step measured in it, in (0, 1].
         prior_weight: pseudo observations pulling towards the prior (> 0).
         online: update from measured steps (False: the prior is fixed, e.g. a synthetic model).
+        idle_decay: forgetting factor of a regime per step measured in another regime, in
+            (0, 1]; equal to decay, forgetting is the same for all (see the module docstring).
     """
 
     def __init__(
@@ -118,8 +153,10 @@ class StepTimeModel:
         decay: float = 0.98,
         prior_weight: float = 0.05,
         online: bool = True,
+        idle_decay: float = 0.9999,
     ) -> None:
         self.decay = decay
+        self.idle_decay = idle_decay
         self.prior_weight = prior_weight
         self.online = online
         self.num_updates = 0
@@ -134,11 +171,30 @@ class StepTimeModel:
         full = {**DEFAULT_COEF, **coef}
         self.prior = np.array([full[f] for f in FEATURES]) * _SCALES  # scaled, [F]
         self.theta = self.prior.copy()
-        n = len(FEATURES)
-        self.gram = np.zeros((n, n))  # discounted sum of z z^T
-        self.moment = np.zeros(n)  # discounted sum of z * y
-        self._rows: list[tuple[np.ndarray, float]] = []  # (x [F], seconds) not yet folded
+        self._regimes: dict[tuple[int, int], _Regime] = {}
+        # (x [F], seconds, update index) not yet folded
+        self._rows: list[tuple[np.ndarray, float, int]] = []
         self._dirty = False
+
+    @property
+    def gram(self) -> np.ndarray:
+        """[F, F] discounted sum of z z^T over every regime, as of the last folded update."""
+        return self._total()[0]
+
+    @property
+    def moment(self) -> np.ndarray:
+        """[F] discounted sum of z y over every regime, as of the last folded update."""
+        return self._total()[1]
+
+    def _total(self) -> tuple[np.ndarray, np.ndarray]:
+        n = len(FEATURES)
+        gram, moment = np.zeros((n, n)), np.zeros(n)
+        now = max((r.last for r in self._regimes.values()), default=-1)
+        for r in self._regimes.values():
+            w = self.idle_decay ** (now - r.last)  # the steps measured in other regimes since
+            gram += w * r.gram
+            moment += w * r.moment
+        return gram, moment
 
     def coefficients(self) -> dict[str, float]:
         """Current coefficients in seconds per unit of each feature."""
@@ -166,32 +222,52 @@ class StepTimeModel:
         the fixed and tiers baselines) stay cheap."""
         if not self.online or not measured_s > 0:
             return
-        self._rows.append((x, measured_s))  # folded in batches: a list append per step
+        self._rows.append((x, measured_s, self.num_updates))  # folded in batches: an append
         self.num_updates += 1
         self._dirty = True
         if len(self._rows) >= SOLVE_EVERY:  # bounded staleness when nothing reads it
             self._solve()
 
     def _fold(self) -> None:
-        """Add the buffered measurements to the statistics, as update() one at a time would:
-        the same clip against the last solve (no solve happens in between) and the same
-        decay (row i of m weighs decay ** (m - 1 - i))."""
+        """Add the buffered measurements to their regimes' statistics, as update() one at a
+        time would: the same clip against the last solve (no solve happens in between), and
+        each step multiplying its own regime by decay and every other by idle_decay. A regime
+        measured at steps t_1 < ... < t_m (its previous statistics as of step L) becomes, as of
+        t_m, old decay^m idle^(t_m - L - m) + sum_i z_i z_i^T decay^(m - i) idle^(t_m - t_i -
+        (m - i)) (and the same for the moment); the other regimes keep their own `last`, and
+        _total ages each by idle^(now - last)."""
         if not self._rows:
             return
-        z = np.stack([x for x, _ in self._rows]) / _SCALES  # [m, F]
-        y = np.array([t for _, t in self._rows])  # [m]
+        z = np.stack([x for x, _, _ in self._rows]) / _SCALES  # [m, F]
+        y = np.array([t for _, t, _ in self._rows])  # [m]
+        steps = np.array([i for _, _, i in self._rows], dtype=np.float64)  # [m]
         pred = np.maximum(z @ self.theta, 1e-6)
         y = np.minimum(np.maximum(y, pred / 3.0), pred * 3.0)
-        m = len(y)
-        w = self.decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
-        self.gram = self.gram * self.decay**m + (z * w[:, None]).T @ z
-        self.moment = self.moment * self.decay**m + (w * y) @ z
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, (x, _, _) in enumerate(self._rows):
+            groups.setdefault(regime(x), []).append(i)
+        n = len(FEATURES)
+        for key, idx in groups.items():
+            r = self._regimes.get(key)
+            if r is None:
+                r = self._regimes[key] = _Regime(n)
+            t, m = steps[idx], len(idx)
+            own_after = np.arange(m - 1, -1, -1, dtype=np.float64)  # own steps after row i
+            w = self.decay**own_after * self.idle_decay ** (t[-1] - t - own_after)
+            old = 0.0
+            if r.last >= 0:
+                old = self.decay**m * self.idle_decay ** (t[-1] - r.last - m)
+            zi = z[idx]
+            r.gram = r.gram * old + (zi * w[:, None]).T @ zi
+            r.moment = r.moment * old + (w * y[idx]) @ zi
+            r.last = int(t[-1])
         self._rows.clear()
 
     def _solve(self) -> None:
         self._fold()
         if self._dirty:  # every feature costs time: never negative
-            self.theta = _ridge_nonneg(self.gram, self.moment, self.prior, self.prior_weight)
+            gram, moment = self._total()
+            self.theta = _ridge_nonneg(gram, moment, self.prior, self.prior_weight)
             self._dirty = False
 
 
