@@ -227,7 +227,11 @@ def markdown(result: dict) -> str:
             continue
         host = "-"
         if "host_us_resolve_median" in r:
-            busy = sum(v for k, v in r.items() if k.startswith("host_us_") and "resolve" not in k)
+            busy = sum(  # the prefill parts (host_us_<phase>_extend) are inside their phases
+                v
+                for k, v in r.items()
+                if k.startswith("host_us_") and "resolve" not in k and "_extend" not in k
+            )
             host = f"{busy:.0f} / {r['host_us_resolve_median']:.0f}"
             if "gc_us_per_step_median" in r:  # of which the garbage collector
                 host += f" (gc {r['gc_us_per_step_median']:.0f})"

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from sglang.srt.managers import host_phases
-from sglang.srt.managers.host_phases import HOST_PHASES, HostPhases
+from sglang.srt.managers.host_phases import EXTEND_PHASES, HOST_PHASES, HostPhases
 from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 
 
@@ -50,9 +50,23 @@ def test_phases_chain_and_nested_time_leaves_the_enclosing_phase(monkeypatch) ->
         "flush": 0.375,
     }
     assert sum(ph.seconds.values()) == clock.now - 100.0  # every second counted once
-    assert set(ph.info()) == {f"host_s_{k}" for k in HOST_PHASES}
+    assert set(ph.info()) == {f"host_s_{k}" for k in HOST_PHASES} | {
+        f"host_s_{k}_extend" for k in EXTEND_PHASES
+    }
+    assert not any(ph.extend_seconds.values())
     with pytest.raises(KeyError):
         ph.add("sleep", ph.mark())
+    # a prefill step's time goes to the phase and to its prefill part; a nested commit too
+    t = ph.mark()
+    clock.now += 0.5
+    t = ph.add("launch", t, extend=True)
+    clock.now += 0.25
+    ph.add_nested("commit", t, extend=True)
+    assert ph.seconds["launch"] == 0.5 and ph.seconds["commit"] == 0.5
+    assert ph.extend_seconds == {"plan": 0.0, "build": 0.0, "launch": 0.5, "commit": 0.25}
+    assert ph.info()["host_s_launch_extend"] == 0.5
+    with pytest.raises(KeyError):
+        ph.add("flush", ph.mark(), extend=True)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -74,6 +88,10 @@ def test_scheduler_reports_its_phases(tiny_model_dir, overlap) -> None:
     assert (secs["resolve"] > 0) == overlap
     assert secs["recv"] == 0.0  # submitted directly, not through the socket loop
     assert sum(secs.values()) <= wall
+    # the prefill step's part of each phase: positive (one prefill step ran), and less than
+    # the phase (decode steps ran too)
+    for k in EXTEND_PHASES:
+        assert 0 < info[f"host_s_{k}_extend"] < secs[k], k
 
 
 def test_scheduler_counts_prefill_steps(tiny_model_dir) -> None:

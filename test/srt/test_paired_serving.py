@@ -95,7 +95,7 @@ def test_summary_takes_the_median_cores_busy_per_role():
 def test_markdown_lists_every_row_with_the_command():
     util = {"client": 0.91, "http": 0.5, "scheduler": 0.97, "other": 0.0}
     host = {"recv": 5.0, "plan": 100.0, "build": 50.0, "launch": 300.0, "resolve": 700.0}
-    host |= {"commit": 80.0, "flush": 60.0}
+    host |= {"commit": 80.0, "flush": 60.0, "launch_extend": 120.0, "plan_extend": 10.0}
     adaptive = {**_point(1, 0, "adaptive", 97.0), "cpu_util": util, "host_us_per_step": host}
     adaptive["gc_per_step"] = {"us": 12.4, "gen0": 30, "gen1": 2, "gen2": 0}
     pts = [_point(1, 0, "no_spec", 100.0), adaptive]
@@ -109,7 +109,8 @@ def test_markdown_lists_every_row_with_the_command():
     assert "python benchmark/paired_serving.py --preset smollm2" in md
     assert "| 1 | no_spec | 1 | 100 (100-100) | - | 10.0 | 2.00 | - | - |" in md  # neither
     row = "| 1 | adaptive | 1 | 97 (97-97) | 0.970 (0.970-0.970) | 10.0 | 2.00 "
-    row += "| 0.91 / 0.50 / 0.97 | 595 / 700 (gc 12) |"  # busy: every phase but resolve
+    # busy: every phase but resolve (their prefill parts are inside them)
+    row += "| 0.91 / 0.50 / 0.97 | 595 / 700 (gc 12) |"
     assert row in md
     assert "| 4 | adaptive | 0 | - | - | - | - | - | - |" in md
 

@@ -217,17 +217,18 @@ class Scheduler:
         t = ph.mark()
         self.outputs.drop_aborted()
         batch = self.builder.get_next_batch_to_run()
-        t = ph.add("plan", t)
+        ext = batch is not None and batch.forward_mode == ForwardMode.EXTEND
+        t = ph.add("plan", t, ext)
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
             self.outputs.on_launch(batch)
             batch.step_index = self.stats["forward_steps"]
-            t = ph.add("build", t)
+            t = ph.add("build", t, ext)
             result = self.tp_worker.forward_batch_generation(mwb)
             self.stats["forward_steps"] += 1
-            t = ph.add("launch", t)
+            t = ph.add("launch", t, ext)
             self.outputs.process_batch_result(batch, result)
-            t = ph.add("commit", t)
+            t = ph.add("commit", t, ext)
         self.outputs.flush()
         ph.add("flush", t)
         return batch
@@ -244,19 +245,20 @@ class Scheduler:
         ):
             self.drain()  # a drafting step's KV advance is known only once it is verified
         batch = self.builder.get_next_batch_to_run()  # may drain (BatchBuilder.get_decode_batch)
-        t = ph.add("plan", t)
+        ext = batch is not None and batch.forward_mode == ForwardMode.EXTEND
+        t = ph.add("plan", t, ext)
         prev, self.inflight = self.inflight, None
         if batch is not None:
             mwb = self.builder.build_model_worker_batch(batch)
             self.outputs.on_launch(batch)
             batch.step_index = self.stats["forward_steps"]
-            t = ph.add("build", t)
+            t = ph.add("build", t, ext)
             self.inflight = InflightStep(
                 batch, self.worker_client.forward_batch_generation_async(mwb)
             )
             self.stats["forward_steps"] += 1
             self.stats["overlap_pipelined_steps"] += prev is not None
-            t = ph.add("launch", t)
+            t = ph.add("launch", t, ext)
         if prev is not None:
             self.commit(prev)
             t = ph.mark()
@@ -286,7 +288,7 @@ class Scheduler:
         result = self.worker_client.resolve(step.handle)
         t = self.phases.add_nested("resolve", t)
         self.outputs.process_batch_result(step.batch, result)
-        self.phases.add_nested("commit", t)
+        self.phases.add_nested("commit", t, step.batch.forward_mode == ForwardMode.EXTEND)
 
     # ---------------------------------------------------------------- requests
     def add_request(self, msg: TokenizedGenerateReqInput) -> None:
