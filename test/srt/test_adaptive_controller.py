@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -528,82 +527,21 @@ def test_drafting_report_counts_each_drafting_step_in_its_batch_bucket(monkeypat
         assert report[key]["predicted_s"] == pytest.approx(pred, abs=1e-6)
 
 
-def simulate_rounds(
-    monkeypatch, cfg: dict, rounds: int, num_reqs: int = 48, concurrency: int = 16, seed: int = 0
-) -> list[int]:
-    """Closed-loop rounds like paired_serving's at c = 16: each round submits num_reqs
-    requests (96-160 output tokens), at most `concurrency` running, so each round fills up,
-    runs at 16 and drains. True costs (H200, SmolLM2, twenty-sixth session: drafting steps
-    measured 4.6-13 ms at every batch size): a plain step 0.9 ms + 20 us per request, a
-    drafting step 5 ms + 30 us per request + 0.3 ms per drafting request + 50 us per draft
-    step, a plain step right after a drafting step 2 ms; per-position acceptance 0.6-0.75.
-    The prior is H200_PRIOR (the warm-up sweep's 0.75 ms per drafting step). Returns the
-    drafting request-steps of each round."""
-    from sglang.srt.speculative.adaptive import controller as ctl
-
-    alpha = [0.6, 0.69, 0.75, 0.66, 0.53]
-    k = len(alpha)
-    clock = [0.0]
-    monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
-    cfg = {**H200_PRIOR, **cfg}
-    c = ctl.AdaptiveController(parse_adaptive_config(json.dumps(cfg)), k, num_slots=64)
-    rng = random.Random(seed)
-    free, step, drafted_before, out = list(range(64)), 0, False, []
-    for _ in range(rounds):
-        todo, running, drafting = num_reqs, [], 0
-        while todo or running:
-            while todo and len(running) < concurrency:
-                todo -= 1
-                slot = free.pop()
-                c.on_admit(slot)
-                lag = 100 if c.drafting_off() else 1  # a deferred draft extend
-                draft = SimpleNamespace(draft_kv_len=100 - lag, stale=False)
-                req = SimpleNamespace(req_pool_idx=slot, kv_len=100, draft=draft)
-                running.append((req, rng.randint(96, 160)))
-            reqs = [r for r, _ in running]
-            if c.reuse_zero(reqs):
-                d = [0] * len(reqs)
-            else:
-                left = [n for _, n in running]
-                d = c.choose(reqs, [max(0, min(k, n - 1)) for n in left], left)
-            acc = []
-            for di in d:
-                a = 0
-                while a < di and rng.random() < alpha[a]:
-                    a += 1
-                acc.append(a)
-            nd = sum(1 for x in d if x)
-            bs = len(reqs)
-            if nd:
-                clock[0] += 5e-3 + 30e-6 * bs + 0.3e-3 * nd + 50e-6 * max(d)
-            else:
-                clock[0] += 2e-3 if drafted_before else 0.9e-3 + 20e-6 * bs
-            drafted_before, drafting = nd > 0, drafting + nd
-            c.observe(reqs, d, acc, 0.5e-3, step)
-            step += 1
-            still = []
-            for (req, n), di, a in zip(running, d, acc, strict=True):
-                if di:
-                    req.draft.draft_kv_len = req.kv_len + a
-                req.kv_len += 1 + a
-                if n - 1 - a > 0:
-                    still.append((req, n - 1 - a))
-                else:
-                    free.append(req.req_pool_idx)
-            running = still
-        out.append(drafting)
-    return out
-
-
-def test_drafting_cost_is_remembered_from_round_to_round(monkeypatch):
-    """Rounds at c = 16 where drafting never pays (see simulate_rounds). The warm-up prior
+def test_drafting_cost_is_remembered_from_round_to_round():
+    """Rounds at c = 16 where drafting never pays (adaptive_sim.simulate_rounds). The warm-up prior
     makes the first round draft; after that, per-regime forgetting of the step-time model
     keeps what drafting cost and no later round drafts. With one forgetting factor for all
     (time_idle_decay = time_decay) the drafting measurements fade during each round's ~400
     plain steps and every round drafts again as it fills up (the paired H200 run of the
     twenty-sixth session: 7-44 drafting request-steps per round, at 2-3x the predicted step
     time)."""
-    remembered = simulate_rounds(monkeypatch, {}, rounds=5)
+    from sglang.test.adaptive_sim import simulate_rounds
+
+    def drafting(cfg: dict) -> list[int]:
+        rounds = simulate_rounds({**H200_PRIOR, **cfg}, rounds=5, num_reqs=48)
+        return [r["drafting_request_steps"] for r in rounds]
+
+    remembered = drafting({})
     assert remembered[0] > 0 and remembered[1:] == [0, 0, 0, 0]
-    forgotten = simulate_rounds(monkeypatch, {"time_idle_decay": 0.98}, rounds=5)
+    forgotten = drafting({"time_idle_decay": 0.98})
     assert forgotten[0] > 0 and all(n > 0 for n in forgotten[1:])
