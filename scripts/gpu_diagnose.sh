@@ -96,6 +96,10 @@
 #   bash scripts/gpu_diagnose.sh RD  # RoPE + KV store inside the grouped decode kernel
 #                                    # (SGLANG_FUSED_ROPE_DECODE): its GPU tests, the 8B
 #                                    # batch-1 roofline 0, 1, 0, 1 (RD_ABAB), SmolLM2 bs 1
+#   bash scripts/gpu_diagnose.sh PN  # issue 7 at c = 16 (twenty-sixth session): paired
+#                                    # no_spec, its twin, adaptive and adaptive_never
+#                                    # (drafting never pays), PN_ROUNDS (12) rounds, 3 cores
+#                                    # each (0-2 .. 9-11), client 12-15; PN_CONC (16)
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -491,6 +495,19 @@ for r in json.load(open(sys.argv[1]))['rows']:
         --batch-size 1 --steps 256 --modes overlap
     done
     ;;
+  PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)
+    never='--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive'
+    never="$never --speculative-adaptive-config '{\"time_model\":{\"verify_tokens\":1.0},\"online_correction\":false}'"
+    # shellcheck disable=SC2086  # PN_CONC is a list of concurrencies
+    timeout -k 10 "$(box 520)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec no_spec_b adaptive adaptive_never --add-config no_spec_b= \
+      --add-config "adaptive_never=$never" --concurrency ${PN_CONC:-16} \
+      --rounds "${PN_ROUNDS:-12}" --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-15 \
+      --deadline-s "$(( $(left) - 40 ))" --result-file "$D/paired_smollm2_never_$TAG.json" \
+      --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -20
+    cp "$D"/paired_smollm2_never_"$TAG".md "$OUT"/ 2>/dev/null
+    rm -rf "$D/plogs"
+    ;;
   RD)  # RoPE and the KV store inside the grouped decode kernel (twenty-fifth session): its GPU
     # tests, then the 8B batch-1 roofline with SGLANG_FUSED_ROPE_DECODE = 0, 1, 0, 1, then
     # SmolLM2 batch-1 steps with it off and on
@@ -525,7 +542,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
