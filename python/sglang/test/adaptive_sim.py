@@ -11,7 +11,14 @@ import random
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from sglang.srt.speculative.adaptive.step_time_model import FEATURES, StepTimeModel
+import numpy as np
+
+from sglang.srt.speculative.adaptive.step_time_model import (
+    FEATURES,
+    StepTimeModel,
+    allocation_features,
+    plain_step_features,
+)
 
 K = 4
 """The maximum draft length (--speculative-num-steps) of the synthetic views and controllers."""
@@ -137,4 +144,56 @@ def simulate_rounds(
                 running = still
             row["seconds"] += clock[0]
             out.append(row)
+    return out
+
+
+# The warm-up fit of an adaptive server on the H200 (twentieth session): a plain step of
+# 1.39 ms (synthetic steps run unpipelined) and 0.75 ms more to draft.
+H200_PRIOR = {
+    "const": 1.39e-3,
+    "verify_tokens": 1.0e-6,
+    "draft_tokens": 2.3e-6,
+    "draft_steps": 3.6e-7,
+    "spec_on": 7.5e-4,
+    "draft_reqs": 3.5e-6,
+}
+
+
+def stall_lock_in(idle: float) -> list[float]:
+    """Predicted / prior cost of a bs-1 drafting step after one stalled measurement of it
+    (clipped to 3x its prediction) and 1,000 / 3,000 / 10,000 plain bs-1 steps, at
+    time_idle_decay `idle` (benchmark/simulate_adaptive_rounds.py --idle-sweep)."""
+    m = StepTimeModel({**dict.fromkeys(FEATURES, 0.0), **H200_PRIOR}, idle_decay=idle)
+    xd, xp = allocation_features([4], [1], 300), allocation_features([0], [1], 300)
+    true_d = m.predict(xd)
+    m.update(xd, 1.0)  # a one-off stall: clipped to 3x the prediction
+    out, n = [], 0
+    for target in (1000, 3000, 10000):
+        while n < target:
+            m.update(xp, H200_PRIOR["const"])
+            n += 1
+        out.append(round(float(m.predict(xd)) / true_d, 2))
+    return out
+
+
+def burst_drift(idle: float) -> list[float]:
+    """Predicted / true cost of a bs-16 plain step 500 / 2,000 / 5,000 steps at bs 12-19 after
+    600 at bs 65-250 whose steps cost more per request (1 ms + 20 us per request up to 64,
+    6 ms + 40 us per request above: leaving the captured graphs), at time_idle_decay `idle`."""
+
+    def truth(bs: int) -> float:
+        return 1.0e-3 + 2e-5 * bs if bs <= 64 else 6e-3 + 4e-5 * bs
+
+    rng = np.random.default_rng(0)
+    m = StepTimeModel({}, idle_decay=idle)
+    for _ in range(600):
+        bs = int(rng.integers(65, 250))
+        m.update(plain_step_features(bs, 300 * bs), truth(bs))
+    out, n = [], 0
+    for target in (500, 2000, 5000):
+        while n < target:
+            bs = int(rng.integers(12, 20))
+            m.update(plain_step_features(bs, 300 * bs), truth(bs))
+            n += 1
+        out.append(round(float(m.predict(plain_step_features(16, 4800))) / truth(16), 2))
     return out

@@ -19,7 +19,7 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "idle_accept_decay": 0.97,                  # per non-drafting step: back to the prior
      "time_model": {"const": 0.004, ...},        # prior step-time coefficients (seconds/unit)
      "online_correction": true, "time_decay": 0.98, "time_prior_weight": 0.05,
-     "time_idle_decay": 0.9999,                  # step-time statistics of a regime (drafting
+     "time_idle_decay": 0.999,                   # step-time statistics of a regime (drafting
                                                  # or not, batch-size bucket) fade by
                                                  # time_decay per step of that regime, by
                                                  # this per step of any other
@@ -80,7 +80,7 @@ class AdaptiveConfig:
     online_correction: bool = True
     time_decay: float = 0.98
     time_prior_weight: float = 0.05
-    time_idle_decay: float = 0.9999
+    time_idle_decay: float = 0.999
     profile: bool = True
     profile_batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
     probe_every: int = 32

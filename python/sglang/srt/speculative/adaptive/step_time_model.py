@@ -22,8 +22,9 @@ squares with forgetting, regularised by `prior_weight` pseudo observations of th
 
 Forgetting is per regime, a regime being (whether the step drafted, its batch-size bucket
 bs.bit_length()): a step multiplies its own regime's statistics by `decay` and every other
-regime's by `idle_decay` (default 0.9999, nearly 1). So a regime's measurements fade as that
-regime is measured again, and only slowly while the server runs other steps. One factor for
+regime's by `idle_decay` (default 0.999, a half-life of ~700 steps). So a regime's
+measurements fade as that regime is measured again, and more slowly while the server runs
+other steps. One factor for
 all (`idle_decay` = `decay`, the model before the twenty-sixth session) made the model forget
 what drafting costs within ~150 plain steps: under load drafting is rare, so its coefficients
 went back to the warm-up sweep's, which does not see what a drafting step costs in a server
@@ -33,6 +34,17 @@ every batch-size bucket (`spec_drafting_by_bs` of `paired_smollm2_never_h200_s26
 bs 1 predicted 2.6 ms, measured 6.4 ms; bs 16-31 3.9 against 10.7 ms). The same held for
 plain steps of batch sizes the load leaves alone (the tail of a burst, at bs 1-3, predicted from
 the bs 16 steps around it). Directions that nothing has measured yet still stay at the prior.
+
+The idle factor trades memory against two costs that a review helper showed (twenty-sixth
+session, `python benchmark/simulate_adaptive_rounds.py --idle-sweep`): a kept measurement is
+also kept when it was wrong, and stale regimes pull a linear fit that cannot fit them all. One
+drafting step stalled (clipped to 3x its prediction) made drafting look 2.9x its cost for
+more than 10,000 plain steps at 0.9999, for ~3,000 at 0.999 (2.3x at 3,000, 1.0x at 10,000);
+after a burst at bs 65-250 whose steps cost more per request than at bs 12-19 (leaving the
+captured graphs), a bs-16 plain step was over-predicted 1.48x 2,000 steps later at 0.9999, 1.11x
+at 0.999, 1.01x at 0.98. In closed-loop rounds at c = 16 (1,200 steps each) 0.999 kept the
+drafting cost through all but one of 11 rounds (18 drafting request-steps in one), 0.995
+through about half, 0.98 through none.
 """
 
 from __future__ import annotations
@@ -153,7 +165,7 @@ class StepTimeModel:
         decay: float = 0.98,
         prior_weight: float = 0.05,
         online: bool = True,
-        idle_decay: float = 0.9999,
+        idle_decay: float = 0.999,
     ) -> None:
         self.decay = decay
         self.idle_decay = idle_decay
@@ -215,11 +227,12 @@ class StepTimeModel:
 
     def update(self, x: np.ndarray, measured_s: float) -> None:
         """Correct the model with one measured step (x: [F], measured_s: seconds). A
-        measurement is clipped to [1/3, 3] x the current prediction so one stall cannot wreck
-        it. Buffers the measurement (a list append) and folds the buffer into the statistics
-        and re-solves the coefficients when they are next read or every SOLVE_EVERY updates
-        (the clip uses the last solve), so steps nobody predicts for (reused all-zero choices,
-        the fixed and tiers baselines) stay cheap."""
+        measurement is clipped to [1/3, 3] x the current prediction, so one stall moves the fit
+        by at most that (and fades with its regime: see the module docstring). Buffers the
+        measurement (a list append) and folds the buffer into the statistics and re-solves the
+        coefficients when they are next read or every SOLVE_EVERY updates (the clip uses the
+        last solve), so steps nobody predicts for (reused all-zero choices, the fixed and tiers
+        baselines) stay cheap."""
         if not self.online or not measured_s > 0:
             return
         self._rows.append((x, measured_s, self.num_updates))  # folded in batches: an append
