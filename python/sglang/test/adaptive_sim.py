@@ -85,7 +85,8 @@ def simulate_rounds(
     positions when the controller has speculation off (drafting_off: its draft extend
     deferred), else by 1. Each draft position j is accepted with probability alpha[j] given
     the earlier ones; a step takes step_s(bs, drafting requests, max d, previous step
-    drafted) seconds. Returns per round {"drafting_request_steps", "steps", "tokens",
+    drafted) seconds (the default charges no more for a long catch-up than for a short one,
+    although the controller's model does). Returns per round {"drafting_request_steps", "steps", "tokens",
     "seconds"}."""
     from sglang.srt.speculative.adaptive import controller as ctl
     from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
