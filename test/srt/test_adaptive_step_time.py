@@ -168,6 +168,7 @@ def test_buffered_updates_equal_one_at_a_time_updates(idle_decay):
         pred = max(float(z @ theta), 1e-6)
         y_c = min(max(y, pred / 3), pred * 3)
         key = (int(drafts.any()), bs.bit_length())
+        assert stm.regime(x) == key  # the per-row key; _fold computes it for all rows at once
         for k, (g, m) in regimes.items():
             w = model.decay if k == key else idle_decay
             regimes[k] = [g * w, m * w]

@@ -86,8 +86,8 @@ def simulate_rounds(
     deferred), else by 1. Each draft position j is accepted with probability alpha[j] given
     the earlier ones; a step takes step_s(bs, drafting requests, max d, previous step
     drafted) seconds (the default charges no more for a long catch-up than for a short one,
-    although the controller's model does). Returns per round {"drafting_request_steps", "steps", "tokens",
-    "seconds"}."""
+    although the controller's model does). Returns per round {"drafting_request_steps",
+    "steps", "tokens", "seconds"}."""
     from sglang.srt.speculative.adaptive import controller as ctl
     from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
 

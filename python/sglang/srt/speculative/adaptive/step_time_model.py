@@ -135,18 +135,6 @@ def regime(x: np.ndarray) -> tuple[int, int]:
     return int(x[_SPEC_ON] > 0), int(x[_BS]).bit_length()
 
 
-class _Regime:
-    """One regime's discounted statistics as of its last measured step `last` (update index):
-    gram [F, F] = sum w z z^T, moment [F] = sum w z y."""
-
-    __slots__ = ("gram", "moment", "last")
-
-    def __init__(self, n: int) -> None:
-        self.gram = np.zeros((n, n))
-        self.moment = np.zeros(n)
-        self.last = -1
-
-
 class StepTimeModel:
     """Linear step-time model (seconds) with online correction.
 
@@ -183,7 +171,13 @@ class StepTimeModel:
         full = {**DEFAULT_COEF, **coef}
         self.prior = np.array([full[f] for f in FEATURES]) * _SCALES  # scaled, [F]
         self.theta = self.prior.copy()
-        self._regimes: dict[tuple[int, int], _Regime] = {}
+        # per regime (row r of _index): discounted statistics as of its last measured step
+        # _last[r] (update index): _grams[r] [F, F] = sum w z z^T, _moments[r] [F] = sum w z y
+        n = len(FEATURES)
+        self._index: dict[tuple[int, int], int] = {}
+        self._grams = np.zeros((0, n, n))
+        self._moments = np.zeros((0, n))
+        self._last = np.zeros(0)
         # (x [F], seconds, update index) not yet folded
         self._rows: list[tuple[np.ndarray, float, int]] = []
         self._dirty = False
@@ -199,14 +193,13 @@ class StepTimeModel:
         return self._total()[1]
 
     def _total(self) -> tuple[np.ndarray, np.ndarray]:
+        """(gram [F, F], moment [F]): every regime aged by idle_decay per step measured in
+        another regime since its own last one."""
         n = len(FEATURES)
-        gram, moment = np.zeros((n, n)), np.zeros(n)
-        now = max((r.last for r in self._regimes.values()), default=-1)
-        for r in self._regimes.values():
-            w = self.idle_decay ** (now - r.last)  # the steps measured in other regimes since
-            gram += w * r.gram
-            moment += w * r.moment
-        return gram, moment
+        if len(self._last) == 0:
+            return np.zeros((n, n)), np.zeros(n)
+        w = self.idle_decay ** (self._last.max() - self._last)  # [R]
+        return (w @ self._grams.reshape(len(w), n * n)).reshape(n, n), w @ self._moments
 
     def coefficients(self) -> dict[str, float]:
         """Current coefficients in seconds per unit of each feature."""
@@ -251,29 +244,36 @@ class StepTimeModel:
         _total ages each by idle^(now - last)."""
         if not self._rows:
             return
-        z = np.stack([x for x, _, _ in self._rows]) / _SCALES  # [m, F]
-        y = np.array([t for _, t, _ in self._rows])  # [m]
-        steps = np.array([i for _, _, i in self._rows], dtype=np.float64)  # [m]
+        rows = self._rows
+        x = np.stack([r[0] for r in rows])  # [m, F]
+        z = x / _SCALES
+        y = np.array([r[1] for r in rows])  # [m]
+        steps = np.array([r[2] for r in rows], dtype=np.float64)  # [m]
         pred = np.maximum(z @ self.theta, 1e-6)
         y = np.minimum(np.maximum(y, pred / 3.0), pred * 3.0)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, (x, _, _) in enumerate(self._rows):
-            groups.setdefault(regime(x), []).append(i)
-        n = len(FEATURES)
-        for key, idx in groups.items():
-            r = self._regimes.get(key)
-            if r is None:
-                r = self._regimes[key] = _Regime(n)
+        # regime() of every row at once: frexp's exponent of a positive integer is its
+        # bit_length
+        codes = (x[:, _SPEC_ON] > 0) * 256 + np.frexp(x[:, _BS].astype(np.int64))[1]
+        for code in np.unique(codes).tolist():
+            idx = np.flatnonzero(codes == code)
+            key = (code // 256, code % 256)
+            r = self._index.get(key)
+            if r is None:  # a regime measured for the first time (at most 2 x bs buckets)
+                r = self._index[key] = len(self._last)
+                n = len(FEATURES)
+                self._grams = np.concatenate([self._grams, np.zeros((1, n, n))])
+                self._moments = np.concatenate([self._moments, np.zeros((1, n))])
+                self._last = np.append(self._last, -1.0)
             t, m = steps[idx], len(idx)
             own_after = np.arange(m - 1, -1, -1, dtype=np.float64)  # own steps after row i
             w = self.decay**own_after * self.idle_decay ** (t[-1] - t - own_after)
             old = 0.0
-            if r.last >= 0:
-                old = self.decay**m * self.idle_decay ** (t[-1] - r.last - m)
+            if self._last[r] >= 0:
+                old = self.decay**m * self.idle_decay ** (t[-1] - self._last[r] - m)
             zi = z[idx]
-            r.gram = r.gram * old + (zi * w[:, None]).T @ zi
-            r.moment = r.moment * old + (w * y[idx]) @ zi
-            r.last = int(t[-1])
+            self._grams[r] = self._grams[r] * old + (zi * w[:, None]).T @ zi
+            self._moments[r] = self._moments[r] * old + (w * y[idx]) @ zi
+            self._last[r] = t[-1]
         self._rows.clear()
 
     def _solve(self) -> None:
