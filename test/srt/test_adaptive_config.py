@@ -37,6 +37,11 @@ def test_config_parsing_and_validation(tmp_path):
     assert parse_adaptive_config('{"time_model": {"draft_reqs": 0.001}}').time_model == {
         "draft_reqs": 0.001
     }
+    assert parse_adaptive_config(None).time_idle_decay == 0.999
+    assert parse_adaptive_config('{"time_idle_decay": 1}').time_idle_decay == 1.0
+    for bad in ("0", "1.5", '"x"', "true"):
+        with pytest.raises(ValueError, match=rf"'time_idle_decay' must .*, got {bad}$"):
+            parse_adaptive_config(json.dumps({"time_idle_decay": json.loads(bad)}))
 
 
 @pytest.mark.parametrize(
