@@ -224,7 +224,9 @@ def test_padded_static_batch_equals_eager_cpu(tiny_model_dir, mode):
     assert not graphs.can_run(batch, CaptureHiddenMode.FULL)
 
 
-def check_prefill_equals_eager(runner, graphs: CudaGraphRunner, mode: CaptureHiddenMode, atol):
+def check_prefill_equals_eager(
+    runner, graphs: CudaGraphRunner, mode: CaptureHiddenMode, atol, max_bs: int = 1
+):
     """Single-request prefills through the prefill buckets equal eager prefills: a prompt of 10
     tokens (bucket 16, padded), one of exactly 16, and a 12-token chunk after 5 cached tokens
     (a prefix), with the last row's logits (or none, for a chunk that does not sample), the KV
@@ -259,7 +261,9 @@ def check_prefill_equals_eager(runner, graphs: CudaGraphRunner, mode: CaptureHid
                     padded.hidden_states, eager.hidden_states, atol=atol, rtol=0
                 )
     two = reqs.batch([0, 1], [[7], [8, 9]], ForwardMode.EXTEND)
-    assert not graphs.can_run(replace(two, num_logit_rows=[1, 1]), mode)  # one request only
+    two = replace(two, num_logit_rows=[1, 1])
+    if max_bs == 1:
+        assert not graphs.can_run(two, mode)  # one request only
     long = reqs.batch([0], [list(range(40))], ForwardMode.EXTEND)
     assert not graphs.can_run(replace(long, num_logit_rows=[1]), mode)  # beyond 32 tokens
     logprobs = replace(mwb, return_logprob=True, input_logprob_targets=[[1]])
@@ -561,6 +565,113 @@ def test_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
     check_prefill_equals_eager(runner, graphs, mode, atol=1e-4)
     # the decode / verify buckets still replay as before
     check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
+
+
+def check_multi_prefill_equals_eager(runner, graphs: CudaGraphRunner, mode, atol):
+    """Prefills of several requests through the prefill buckets (prefill_max_bs 4) equal
+    eager prefills: 2 requests of 5 + 7 tokens in bucket (2, 16), 3 of 6 + 9 + 10 in (4, 32)
+    with a pad request, and a 12-token chunk after 5 cached tokens next to a new 8-token
+    prompt; each request's last-row logits, the KV written and, when captured, every row's
+    hidden states (FULL). Steps that would need a gather of rows stay eager: a request that
+    does not sample (a mid-prompt chunk), LAST hidden states of several requests; so do more
+    requests than the limit and more tokens than the largest bucket."""
+    g = torch.Generator().manual_seed(5)
+    lens = (5, 7, 6, 9, 10, 17, 8)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in lens]
+    reqs = Requests(runner, prompts)
+    reqs.batch([5], [prompts[5][:5]], ForwardMode.EXTEND)  # request 5's cached prefix
+    cases = [
+        ([0, 1], [prompts[0], prompts[1]], GraphKey(2, 16)),
+        ([2, 3, 4], [prompts[2], prompts[3], prompts[4]], GraphKey(4, 32)),
+        ([5, 6], [prompts[5][5:], prompts[6]], GraphKey(2, 32)),
+    ]
+    modes = [
+        m for m in (CaptureHiddenMode.NULL, CaptureHiddenMode.FULL) if m in graphs._prefill_modes()
+    ]
+    for idx, new, want_key in cases:
+        mwb = replace(reqs.batch(idx, new, ForwardMode.EXTEND), num_logit_rows=[1] * len(idx))
+        for m in modes:
+            assert graphs.key_for(mwb, m) == want_key
+            eager = runner.forward_worker_batch(mwb, capture_hidden_mode=m)
+            k_eager = runner.token_to_kv_pool.k_buffer[0][mwb.out_cache_loc].clone()
+            runner.token_to_kv_pool.k_buffer[0][mwb.out_cache_loc] = 0.0  # written again below
+            padded = graphs.replay(mwb, m)
+            k_pad = runner.token_to_kv_pool.k_buffer[0][mwb.out_cache_loc]
+            torch.testing.assert_close(k_pad, k_eager, atol=atol, rtol=0)
+            assert padded.next_token_logits.shape == eager.next_token_logits.shape
+            assert padded.next_token_logits.shape[0] == len(idx)
+            torch.testing.assert_close(
+                padded.next_token_logits, eager.next_token_logits, atol=atol, rtol=0
+            )
+            if m == CaptureHiddenMode.NULL:
+                assert padded.hidden_states is None
+            else:
+                assert padded.hidden_states.shape[0] == sum(len(t) for t in new)
+                torch.testing.assert_close(
+                    padded.hidden_states, eager.hidden_states, atol=atol, rtol=0
+                )
+        if mode == CaptureHiddenMode.LAST:  # several requests' last hidden rows: a gather
+            assert not graphs.can_run(mwb, CaptureHiddenMode.LAST)
+        chunk = replace(mwb, num_logit_rows=[0] + [1] * (len(idx) - 1))
+        assert not graphs.can_run(chunk, modes[0])  # a request that does not sample
+    five = reqs.batch([0, 1, 2, 3, 4], [[7, 8]] * 5, ForwardMode.EXTEND)
+    assert not graphs.can_run(replace(five, num_logit_rows=[1] * 5), modes[0])  # beyond bs 4
+    long = reqs.batch([0, 1], [list(range(20)), list(range(20))], ForwardMode.EXTEND)
+    assert not graphs.can_run(replace(long, num_logit_rows=[1, 1]), modes[0])  # beyond 32
+
+
+@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
+def test_multi_request_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
+    runner, graphs = _cpu_graphs(tiny_model_dir, mode, prefill_max_tokens=32, prefill_max_bs=4)
+    assert graphs.prefill_token_buckets == {1: [16, 32], 2: [16, 32], 4: [32]}
+    assert graphs.longest_request(GraphKey(4, 32)) == 29
+    check_multi_prefill_equals_eager(runner, graphs, mode, atol=1e-4)
+    # single-request prefills and the decode / verify buckets replay as before
+    check_prefill_equals_eager(runner, graphs, mode, atol=1e-4, max_bs=4)
+    check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
+
+
+def test_prefill_graph_max_bs_switch(monkeypatch):
+    from sglang.srt.model_executor.model_runner import prefill_graph_max_bs
+
+    monkeypatch.delenv("SGLANG_PREFILL_GRAPH_MAX_BS", raising=False)
+    assert prefill_graph_max_bs() == 1
+    monkeypatch.setenv("SGLANG_PREFILL_GRAPH_MAX_BS", "8")
+    assert prefill_graph_max_bs() == 8
+    for bad in ("0", "-2", "four"):
+        monkeypatch.setenv("SGLANG_PREFILL_GRAPH_MAX_BS", bad)
+        with pytest.raises(ValueError, match=f"SGLANG_PREFILL_GRAPH_MAX_BS .* got '{bad}'"):
+            prefill_graph_max_bs()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
+def test_cuda_graph_multi_request_prefill_equals_eager(tiny_model_dir, mode):
+    runner = _cuda_runner(tiny_model_dir, mode)
+    graphs = CudaGraphRunner(
+        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], prefill_max_tokens=32,
+        prefill_max_bs=4,
+    )  # fmt: skip
+    assert len(graphs.graphs) == 16 + 2 + 2 + 1
+    check_multi_prefill_equals_eager(runner, graphs, mode, atol=2e-4)
+    check_prefill_equals_eager(runner, graphs, mode, atol=2e-4, max_bs=4)
+    check_padded_equals_eager(runner, graphs, mode, atol=2e-4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir, monkeypatch):
+    """SGLANG_PREFILL_GRAPH_MAX_BS=4 end to end (triton): the same greedy outputs as
+    --disable-cuda-graph, six prompts of 5-40 tokens submitted at once (prefilled together)."""
+    monkeypatch.setenv("SGLANG_PREFILL_GRAPH_MAX_BS", "4")
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23, 32, 40)]
+    lens = [6, 9, 4, 7, 5, 8]
+    kw = dict(device="cuda", attention_backend="triton", cuda_graph_bs=[1, 2, 4, 8])
+    eager = greedy(tiny_model_dir, prompts, lens, disable_cuda_graph=True, **kw)
+    graphs = greedy(tiny_model_dir, prompts, lens, cuda_graph_prefill_max_tokens=64, **kw)
+    assert graphs == eager
 
 
 @pytest.mark.gpu

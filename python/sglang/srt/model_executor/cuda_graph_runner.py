@@ -1,13 +1,17 @@
 """CUDA graphs for steps in which every computed token is a logits row: decode (one token per
 request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free per request);
-and, with --cuda-graph-prefill-max-tokens P, single-request prefills of up to P tokens (the
-graph computes the logits of the prompt's last token only, as an eager prefill does, and the
-hidden states of every row when the runner captures any).
+and, with --cuda-graph-prefill-max-tokens P, prefills of up to P tokens (the graph computes
+the logits of each prompt's last token only, as an eager prefill does, and the hidden states
+of every row when the runner captures any): of one request, or of up to
+SGLANG_PREFILL_GRAPH_MAX_BS requests that all sample (default 1: multi-request prefill graphs
+are off until measured on a GPU).
 
 A graph is captured per (bs bucket, token bucket): bs bucket b from --cuda-graph-bs, token
-buckets b * (1 + k) for k = 0..max_extend_len - 1, plus, for b = 1, the prefill buckets
-(prefill_token_buckets: powers of two from 16 up to P). A step of bs requests and T tokens
-replays the smallest b >= bs whose token bucket holds T + (b - bs) tokens. Padding
+buckets b * (1 + k) for k = 0..max_extend_len - 1, plus, for each b up to the prefill bs
+limit, the prefill buckets (prefill_token_buckets: powers of two from 16 up to P, above
+b * max_extend_len). A decode / verify step of bs requests and T tokens replays the smallest
+b >= bs whose token bucket holds T + (b - bs) tokens; a prefill of several requests the
+smallest such prefill bucket (pick_prefill). Padding
 (upstream's convention): pad requests compute one token each, at position 0 of request-pool
 row 0 with seq length 1, and write their K/V to the KV pool's padding slot 0; token rows
 beyond the last request are unassigned (attention skips them). Every op of the model is
@@ -68,7 +72,8 @@ class CudaGraphRunner:
     of b * max_extend_len tokens, instead of one per token bucket), verify_backend (an
     attention backend for the verify buckets, more tokens than requests, of bs up to
     verify_backend_max_bs, and for the decode buckets, one token per request, of bs up to
-    decode_backend_max_bs; other decode and prefill buckets keep `backend`).
+    decode_backend_max_bs; other decode and prefill buckets keep `backend`), prefill_max_bs
+    (the largest bs bucket with prefill buckets; 1: single-request prefills only).
     """
 
     def __init__(
@@ -84,6 +89,7 @@ class CudaGraphRunner:
         verify_backend=None,
         verify_backend_max_bs: int = 0,
         decode_backend_max_bs: int = 0,
+        prefill_max_bs: int = 1,
     ) -> None:
         self.runner = model_runner
         self.model = model_runner.model
@@ -101,12 +107,22 @@ class CudaGraphRunner:
         self.token_buckets = {b: [b * (1 + k) for k in range(max_extend_len)] for b in batch_sizes}
         if full_token_buckets_only:
             self.token_buckets = {b: [b * max_extend_len] for b in batch_sizes}
-        self.prefill_buckets = []
+        self.prefill_buckets = []  # bs 1's prefill token buckets
+        # prefill token buckets per bs bucket (bs 1, then up to prefill_max_bs)
+        self.prefill_token_buckets: dict[int, list[int]] = {}
         if prefill_max_tokens > 0 and batch_sizes[0] == 1:
             longest = min(prefill_max_tokens, _chunk_size(model_runner) or prefill_max_tokens)
-            self.prefill_buckets = prefill_token_buckets(
-                longest, max_extend_len, limit=model_runner.model_config.context_len
-            )
+            limit = model_runner.model_config.context_len
+            for b in batch_sizes:
+                if b > max(prefill_max_bs, 1):
+                    break
+                # multi-request buckets: their dummy capture batch splits the tokens evenly
+                self.prefill_token_buckets[b] = [
+                    n
+                    for n in prefill_token_buckets(longest, b * max_extend_len, limit=limit * b)
+                    if b == 1 or n % b == 0
+                ]
+            self.prefill_buckets = self.prefill_token_buckets[1]
         elif prefill_max_tokens > 0:
             logger.warning(
                 "--cuda-graph-prefill-max-tokens %d: no prefill graphs, since the CUDA-graph "
@@ -114,13 +130,18 @@ class CudaGraphRunner:
                 prefill_max_tokens,
                 batch_sizes,
             )
-        self.token_buckets[batch_sizes[0]] += self.prefill_buckets
-        self.max_tokens = max(self.max_bs * max_extend_len, *self.prefill_buckets, 0)
+        for b, ns in self.prefill_token_buckets.items():
+            self.token_buckets[b] += ns
+        longest_prefill = [n for ns in self.prefill_token_buckets.values() for n in ns]
+        self.max_tokens = max(self.max_bs * max_extend_len, *longest_prefill, 0)
         self.keys = [GraphKey(b, n) for b, ns in self.token_buckets.items() for n in ns]
         self.inputs = StaticInputs(self.max_bs, self.max_tokens, self.device)
         self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
-        # [1] int64: the last real token row of a prefill bucket's step (set by _fill_ragged)
-        self.prefill_logit_row = torch.zeros(1, dtype=torch.int64, device=self.device)
+        # [max prefill bs] int64: the last token row of each request of a prefill bucket's step
+        # (computed on the device before the replay by _fill_ragged)
+        self.prefill_logit_rows = torch.zeros(
+            max(self.prefill_token_buckets, default=1), dtype=torch.int64, device=self.device
+        )
         self._arange = np.arange(self.max_tokens, dtype=np.int64)  # host request starts
         if use_graphs:
             self.backend.init_cuda_graph_state(self.max_bs, self.max_tokens)
@@ -135,18 +156,33 @@ class CudaGraphRunner:
     # ------------------------------------------------------------------ selection
     def can_run(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode) -> bool:
         """True when mwb fits a captured graph: a decode/verify step (every computed token is
-        a logits row) with the captured hidden-state mode, or a single-request prefill that
-        a prefill bucket holds (hidden states: the captured mode, or FULL when LAST was
-        captured, since prefill buckets then capture every row); never with input logprobs."""
+        a logits row) with the captured hidden-state mode, or a prefill that a prefill bucket
+        holds (hidden states: the captured mode, or FULL when LAST was captured, since prefill
+        buckets then capture every row): one request, or several up to the prefill bs limit
+        that all sample (one logits row each) with NULL or FULL hidden states; never with
+        input logprobs."""
+        return self.key_for(mwb, capture_hidden_mode) is not None
+
+    def key_for(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode):
+        """The GraphKey mwb replays (see can_run), or None."""
         if mwb.return_logprob and any(mwb.input_logprob_targets):
-            return False
-        if mwb.num_logit_rows == mwb.extend_seq_lens:
-            ok_mode = capture_hidden_mode == self.capture_hidden_mode
-        elif self.prefill_buckets and mwb.batch_size == 1:
-            ok_mode = capture_hidden_mode in self._prefill_modes()
-        else:
-            return False
-        return ok_mode and self.fits(mwb.extend_seq_lens)
+            return None
+        ext = mwb.extend_seq_lens
+        if mwb.num_logit_rows == ext:
+            if capture_hidden_mode != self.capture_hidden_mode or not self.fits(ext):
+                return None
+            return self.pick(len(ext), sum(ext))
+        bs = mwb.batch_size
+        if not self.prefill_buckets or bs > max(self.prefill_token_buckets) or bs == 0:
+            return None
+        if capture_hidden_mode not in self._prefill_modes():
+            return None
+        if bs == 1:
+            return self.pick(1, ext[0]) if self.fits(ext) else None
+        if capture_hidden_mode == CaptureHiddenMode.LAST or any(n != 1 for n in mwb.num_logit_rows):
+            return None  # the logits / hidden rows would need a gather
+        key = self.pick_prefill(bs, sum(ext))
+        return key if key is not None and max(ext) <= self.longest_request(key) else None
 
     def backend_of(self, key: GraphKey):
         """The attention backend key's graph captures: verify_backend for a verify bucket
@@ -162,8 +198,8 @@ class CudaGraphRunner:
         return self.backend
 
     def is_prefill_key(self, key: GraphKey) -> bool:
-        """A prefill bucket (one request, more tokens than a verify step computes)."""
-        return key.bs == 1 and key.num_tokens > self.max_extend_len
+        """A prefill bucket (more tokens than a verify step of key.bs requests computes)."""
+        return key.num_tokens > key.bs * self.max_extend_len
 
     def _prefill_modes(self) -> tuple[CaptureHiddenMode, ...]:
         if self.capture_hidden_mode == CaptureHiddenMode.LAST:
@@ -183,12 +219,12 @@ class CudaGraphRunner:
     def longest_request(self, key: GraphKey) -> int:
         """Most tokens one request can compute in key's graph: max_extend_len, or fewer when
         the other key.bs - 1 requests (one token each at least) leave less; a prefill bucket's
-        whole token count. This, not the bucket's tokens per request (key.max_extend_len),
-        bounds what the attention backend must cover: a replay of 2 requests with 41 + 1
-        tokens fits bucket (2, 42), whose average is 21 (the Triton extend kernel sizes its
-        grid of query blocks from it)."""
+        token count less one token for each other request. This, not the bucket's tokens per
+        request (key.max_extend_len), bounds what the attention backend must cover: a replay
+        of 2 requests with 41 + 1 tokens fits bucket (2, 42), whose average is 21 (the Triton
+        extend kernel sizes its grid of query blocks from it)."""
         if self.is_prefill_key(key):
-            return key.num_tokens
+            return key.num_tokens - (key.bs - 1)
         return min(self.max_extend_len, key.num_tokens - (key.bs - 1))
 
     def pick(self, bs: int, num_tokens: int) -> GraphKey | None:
@@ -203,10 +239,25 @@ class CudaGraphRunner:
                 return GraphKey(b, buckets[j])
         return None
 
+    def pick_prefill(self, bs: int, num_tokens: int) -> GraphKey | None:
+        """The smallest prefill bucket (of a bs bucket >= bs with prefill buckets) holding
+        num_tokens tokens plus one per pad request; None when none does. Only prefill buckets:
+        a verify bucket would compute every row's logits, and a prefill needs each request's
+        last row only."""
+        for b in self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs) :]:
+            buckets = self.prefill_token_buckets.get(b)
+            if buckets is None:
+                return None
+            j = bisect.bisect_left(buckets, num_tokens + (b - bs))
+            if j < len(buckets):
+                return GraphKey(b, buckets[j])
+        return None
+
     # ------------------------------------------------------------------ static batches
     def _static_batch(self, key: GraphKey) -> ForwardBatch:
         """A ForwardBatch whose tensors are views of the persistent buffers for this key. A
-        prefill bucket computes one logits row (prefill_logit_row) and, where the runner
+        prefill bucket computes one logits row per request (prefill_logit_rows) and, where the
+        runner
         captures LAST, FULL hidden states: [T, V] logits per bucket would cost memory and a
         T-row lm_head matmul, and its rounding could differ from the eager prefill's GEMV."""
         inp, d, b, n = self.inputs, self.inputs.dev, key.bs, key.num_tokens
@@ -228,7 +279,7 @@ class CudaGraphRunner:
             seq_lens_cpu=[1] * b,
             extend_seq_lens_cpu=[1] * b,
             extend_prefix_lens_cpu=[0] * b,
-            logits_indices=self.prefill_logit_row if prefill else self.logits_indices[:n],
+            logits_indices=self.prefill_logit_rows[:b] if prefill else self.logits_indices[:n],
             req_to_token_pool=self.runner.req_to_token_pool,
             token_to_kv_pool=self.runner.token_to_kv_pool,
             attn_backend=self.backend_of(key),
@@ -279,8 +330,10 @@ class CudaGraphRunner:
         fb = self.batches[key]
         if not on_host:  # ids already on the device (resolved there): queued after the upload
             fb.input_ids[:t].copy_(input_ids, non_blocking=True)
-        if self.is_prefill_key(key):  # ordered before the replay on the same stream
-            self.prefill_logit_row.fill_(t - 1)
+        if self.is_prefill_key(key):  # each request's last row, queued after the upload
+            rows = self.prefill_logit_rows[: key.bs]
+            torch.add(fb.extend_start_loc, fb.extend_seq_lens, out=rows)
+            rows.sub_(1)
         fb.seq_lens_cpu = seq.tolist()
         fb.extend_seq_lens_cpu = ext.tolist()
         fb.extend_prefix_lens_cpu = pre.tolist()
@@ -317,7 +370,8 @@ class CudaGraphRunner:
 
     # ------------------------------------------------------------------ capture
     def _dummy_fill(self, key: GraphKey) -> ForwardBatch:
-        """Every request computes max_extend_len tokens from position 0 into slot 0."""
+        """Every request computes max_extend_len tokens from position 0 into slot 0 (a prefill
+        bucket's token count is a multiple of its bs: the requests split it evenly)."""
         e = key.max_extend_len
         return self._fill(
             key,
@@ -405,7 +459,8 @@ class CudaGraphRunner:
         extend of a prefill reads them in its step; what later steps read went into the hidden
         state pool inside the graph)."""
         t = int(mwb.input_ids.numel())
-        key = self.pick(mwb.batch_size, t)
+        mode = self.capture_hidden_mode if capture_hidden_mode is None else capture_hidden_mode
+        key = self.key_for(mwb, mode)
         fb = self._fill(
             key,
             mwb.req_pool_indices,
@@ -417,14 +472,16 @@ class CudaGraphRunner:
         out = self._execute(key, fb)
         hidden = out.hidden_states
         logits = out.next_token_logits[:t]  # [T, V]: every graph row is a logits row
-        if mwb.num_logit_rows != mwb.extend_seq_lens:  # a prefill (one request): its last rows
-            rows = slice(t - mwb.num_logit_rows[0], t)  # 0 or 1 rows (no input logprobs)
-            if self.is_prefill_key(key):  # the graph's one row is the last token's
-                logits = out.next_token_logits[: mwb.num_logit_rows[0]]
-            else:
-                logits = logits[rows]
-            if hidden is not None and capture_hidden_mode != CaptureHiddenMode.FULL:
-                hidden = hidden[rows]
+        if mwb.num_logit_rows != mwb.extend_seq_lens:  # a prefill: each request's last row
+            if self.is_prefill_key(key):  # the graph's rows are the requests' last tokens
+                # one request: 0 or 1 rows (no input logprobs); several: one each (key_for)
+                logits = out.next_token_logits[: sum(mwb.num_logit_rows)]
+            if mwb.batch_size == 1:  # LAST hidden states, or a verify bucket's rows
+                rows = slice(t - mwb.num_logit_rows[0], t)
+                if not self.is_prefill_key(key):
+                    logits = logits[rows]
+                if hidden is not None and mode != CaptureHiddenMode.FULL:
+                    hidden = hidden[rows]
         return LogitsProcessorOutput(
             next_token_logits=logits,
             hidden_states=hidden[:t] if hidden is not None else None,
