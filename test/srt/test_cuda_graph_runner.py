@@ -396,7 +396,7 @@ def test_init_cuda_graphs_wires_triton_per_knob(monkeypatch):
     monkeypatch.setattr(mr, "CudaGraphRunner", fake_graph_runner)
     sa = SimpleNamespace(
         disable_cuda_graph=False, cuda_graph_bs=None, cuda_graph_max_bs=64,
-        max_running_requests=64, cuda_graph_prefill_max_tokens=None,
+        max_running_requests=64, cuda_graph_prefill_max_tokens=None, cuda_graph_prefill_max_bs=1,
     )  # fmt: skip
     runner = SimpleNamespace(
         server_args=sa, device=torch.device("cuda"), attention_backend_name="flashinfer",
@@ -631,19 +631,6 @@ def test_multi_request_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
     check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
 
 
-def test_prefill_graph_max_bs_switch(monkeypatch):
-    from sglang.srt.model_executor.model_runner import prefill_graph_max_bs
-
-    monkeypatch.delenv("SGLANG_PREFILL_GRAPH_MAX_BS", raising=False)
-    assert prefill_graph_max_bs() == 1
-    monkeypatch.setenv("SGLANG_PREFILL_GRAPH_MAX_BS", "8")
-    assert prefill_graph_max_bs() == 8
-    for bad in ("0", "-2", "four"):
-        monkeypatch.setenv("SGLANG_PREFILL_GRAPH_MAX_BS", bad)
-        with pytest.raises(ValueError, match=f"SGLANG_PREFILL_GRAPH_MAX_BS .* got '{bad}'"):
-            prefill_graph_max_bs()
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
@@ -661,16 +648,18 @@ def test_cuda_graph_multi_request_prefill_equals_eager(tiny_model_dir, mode):
 
 @pytest.mark.gpu
 @gpu
-def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir, monkeypatch):
-    """SGLANG_PREFILL_GRAPH_MAX_BS=4 end to end (triton): the same greedy outputs as
+def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir):
+    """--cuda-graph-prefill-max-bs 4 end to end (triton): the same greedy outputs as
     --disable-cuda-graph, six prompts of 5-40 tokens submitted at once (prefilled together)."""
-    monkeypatch.setenv("SGLANG_PREFILL_GRAPH_MAX_BS", "4")
     g = torch.Generator().manual_seed(9)
     prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23, 32, 40)]
     lens = [6, 9, 4, 7, 5, 8]
     kw = dict(device="cuda", attention_backend="triton", cuda_graph_bs=[1, 2, 4, 8])
     eager = greedy(tiny_model_dir, prompts, lens, disable_cuda_graph=True, **kw)
-    graphs = greedy(tiny_model_dir, prompts, lens, cuda_graph_prefill_max_tokens=64, **kw)
+    graphs = greedy(
+        tiny_model_dir, prompts, lens, cuda_graph_prefill_max_tokens=64,
+        cuda_graph_prefill_max_bs=4, **kw,
+    )  # fmt: skip
     assert graphs == eager
 
 
@@ -939,6 +928,7 @@ def test_fast_path_flag_validation(tiny_model_dir):
         ({"cuda_graph_bs": [0, 4]}, "--cuda-graph-bs"),
         ({"cuda_graph_prefill_max_tokens": -1}, "--cuda-graph-prefill-max-tokens"),
         ({"cuda_graph_prefill_max_tokens": 4097}, "--cuda-graph-prefill-max-tokens"),
+        ({"cuda_graph_prefill_max_bs": 0}, "--cuda-graph-prefill-max-bs must be >= 1, got 0"),
         ({"attention_backend": "flashinfer", "device": "cpu"}, "torch_native"),
     ]:
         with pytest.raises(ValueError, match=flag):

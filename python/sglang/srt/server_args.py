@@ -112,6 +112,12 @@ class ServerArgs:
         f"Default {DEFAULT_PREFILL_GRAPH_TOKENS} on CUDA when --cuda-graph-bs includes 1, else "
         "0; 0: off. Upstream's nearest is --enable-piecewise-cuda-graph.",
     )
+    cuda_graph_prefill_max_bs: int = _arg(
+        1,
+        "This fork: prefill graphs (--cuda-graph-prefill-max-tokens) also for prefills of "
+        "several requests that all sample, in the CUDA-graph batch sizes up to this one "
+        "(default 1: single-request prefills only, until measured on a GPU).",
+    )
     disable_overlap_schedule: bool | None = _arg(
         None,
         "Do not overlap CPU scheduling with GPU steps (the scheduler builds step N+1 while step "

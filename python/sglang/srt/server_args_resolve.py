@@ -70,6 +70,10 @@ def resolve_server_args(args: ServerArgs) -> ServerArgs:
         a.cuda_graph_prefill_max_tokens = (
             DEFAULT_PREFILL_GRAPH_TOKENS if a.device == "cuda" and bs1 else 0
         )
+    if a.cuda_graph_prefill_max_bs < 1:
+        raise ValueError(
+            f"--cuda-graph-prefill-max-bs must be >= 1, got {a.cuda_graph_prefill_max_bs}"
+        )
     if not 0 <= a.cuda_graph_prefill_max_tokens <= MAX_PREFILL_GRAPH_TOKENS:
         raise ValueError(
             f"--cuda-graph-prefill-max-tokens must be in 0..{MAX_PREFILL_GRAPH_TOKENS}, "

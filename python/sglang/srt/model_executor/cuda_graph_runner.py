@@ -2,9 +2,9 @@
 request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free per request);
 and, with --cuda-graph-prefill-max-tokens P, prefills of up to P tokens (the graph computes
 the logits of each prompt's last token only, as an eager prefill does, and the hidden states
-of every row when the runner captures any): of one request, or of up to
-SGLANG_PREFILL_GRAPH_MAX_BS requests that all sample (default 1: multi-request prefill graphs
-are off until measured on a GPU).
+of every row when the runner captures any): of one request, or of several that all sample in
+the bs buckets up to --cuda-graph-prefill-max-bs (default 1: multi-request prefill graphs are
+off until measured on a GPU).
 
 A graph is captured per (bs bucket, token bucket): bs bucket b from --cuda-graph-bs, token
 buckets b * (1 + k) for k = 0..max_extend_len - 1, plus, for each b up to the prefill bs

@@ -42,23 +42,6 @@ TRITON_VERIFY_MAX_BS = 32
 TRITON_DECODE_GRAPH_MAX_BS = 8
 
 
-def prefill_graph_max_bs() -> int:
-    """SGLANG_PREFILL_GRAPH_MAX_BS: the largest bs bucket whose prefill graphs
-    (--cuda-graph-prefill-max-tokens) hold several requests at once (default 1: single-request
-    prefills only, until multi-request prefill graphs are measured on a GPU). Why: at c = 16
-    on the H200 a SmolLM2 server's eager prefill steps (~4 requests of ~70 tokens) took 40-70%
-    of its scheduler's launch time, ~15 ms of host time each (benchmark/README.md,
-    twenty-sixth session). Raises ValueError on a value that is not a positive integer."""
-    raw = env_flag("PREFILL_GRAPH_MAX_BS", "1")
-    try:
-        max_bs = int(raw)
-    except ValueError:
-        max_bs = 0
-    if max_bs < 1:
-        raise ValueError(f"SGLANG_PREFILL_GRAPH_MAX_BS must be a positive integer, got {raw!r}")
-    return max_bs
-
-
 logger = logging.getLogger(__name__)
 
 CPU_DEFAULT_KV_BYTES = 1 << 30  # KV budget on CPU when --max-total-tokens is not given
@@ -206,7 +189,7 @@ class ModelRunner:
             verify_backend=triton,
             verify_backend_max_bs=TRITON_VERIFY_MAX_BS if verify is not None else 0,
             decode_backend_max_bs=decode_max_bs,
-            prefill_max_bs=prefill_graph_max_bs(),
+            prefill_max_bs=sa.cuda_graph_prefill_max_bs,
         )
 
     def triton_decode_graph_max_bs(self) -> int:
