@@ -100,6 +100,10 @@
 #                                    # no_spec, its twin, adaptive and adaptive_never
 #                                    # (drafting never pays), PN_ROUNDS (12) rounds, 3 cores
 #                                    # each (0-2 .. 9-11), client 12-15; PN_CONC (16)
+#   bash scripts/gpu_diagnose.sh MP  # multi-request prefill graphs (twenty-sixth session):
+#                                    # their GPU tests, then paired at c = 16 (MP_CONC) no_spec
+#                                    # against no_spec with --cuda-graph-prefill-max-bs 8,
+#                                    # MP_ROUNDS (8) rounds, host phases incl. *_extend
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -495,6 +499,22 @@ for r in json.load(open(sys.argv[1]))['rows']:
         --batch-size 1 --steps 256 --modes overlap
     done
     ;;
+  MP)  # prefill graphs of several requests (--cuda-graph-prefill-max-bs): tests, then paired
+    timeout -k 5 "$(box "${MP_TEST_S:-150}")" python3 -m pytest test/srt/test_cuda_graph_runner.py \
+      -k "multi_request or prefill" -q -p no:cacheprovider -rf --tb=short \
+      > "$D/gpu_validate_multi_prefill_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_multi_prefill_$TAG.log"
+    cp "$D/gpu_validate_multi_prefill_$TAG.log" "$OUT"/
+    # shellcheck disable=SC2086  # MP_CONC is a list of concurrencies
+    timeout -k 10 "$(box 400)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec no_spec_mp --add-config "no_spec_mp=--cuda-graph-prefill-max-bs 8" \
+      --concurrency ${MP_CONC:-16} --rounds "${MP_ROUNDS:-8}" --cpu-sets 0-3 4-7 \
+      --client-cpus 12-15 --deadline-s "$(( $(left) - 30 ))" \
+      --result-file "$D/paired_smollm2_multi_prefill_$TAG.json" --log-dir "$D/plogs" 2>&1 \
+      | grep -E "round|wrote|rror|Trace" | tail -20
+    cp "$D"/paired_smollm2_multi_prefill_"$TAG".md "$OUT"/ 2>/dev/null
+    rm -rf "$D/plogs"
+    ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)
     never='--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive'
     never="$never --speculative-adaptive-config '{\"time_model\":{\"verify_tokens\":1.0},\"online_correction\":false}'"
@@ -542,7 +562,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
