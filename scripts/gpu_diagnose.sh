@@ -102,7 +102,8 @@
 #                                    # each (0-2 .. 9-11), client 12-15; PN_CONC (16)
 #   bash scripts/gpu_diagnose.sh MP  # multi-request prefill graphs (twenty-sixth session):
 #                                    # their GPU tests, then paired at c = 16 (MP_CONC) no_spec
-#                                    # against no_spec with --cuda-graph-prefill-max-bs 8,
+#                                    # against no_spec with --cuda-graph-prefill-max-bs 8 and
+#                                    # --cuda-graph-prefill-max-tokens 512 (~4 x 70 tokens),
 #                                    # MP_ROUNDS (8) rounds, host phases incl. *_extend
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
@@ -507,7 +508,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     cp "$D/gpu_validate_multi_prefill_$TAG.log" "$OUT"/
     # shellcheck disable=SC2086  # MP_CONC is a list of concurrencies
     timeout -k 10 "$(box 400)" python3 benchmark/paired_serving.py --preset smollm2 \
-      --configs no_spec no_spec_mp --add-config "no_spec_mp=--cuda-graph-prefill-max-bs 8" \
+      --configs no_spec no_spec_mp --add-config "no_spec_mp=--cuda-graph-prefill-max-bs 8 --cuda-graph-prefill-max-tokens 512" \
       --concurrency ${MP_CONC:-16} --rounds "${MP_ROUNDS:-8}" --cpu-sets 0-3 4-7 \
       --client-cpus 12-15 --deadline-s "$(( $(left) - 30 ))" \
       --result-file "$D/paired_smollm2_multi_prefill_$TAG.json" --log-dir "$D/plogs" 2>&1 \

@@ -631,6 +631,37 @@ def test_multi_request_prefill_buckets_equal_eager_cpu(tiny_model_dir, mode):
     check_padded_equals_eager(runner, graphs, mode, atol=1e-4)
 
 
+def test_prefill_buckets_of_uneven_batch_sizes_cpu(tiny_model_dir):
+    """A bs bucket that does not divide the powers of two (3) gets prefill buckets too: its
+    capture batch splits 16 tokens as 6 + 5 + 5 (run here eagerly over the padded buffers),
+    and 3 requests of 4 + 5 + 6 tokens equal the eager prefill. A single request always
+    replays a bs-1 bucket (one lm_head row, as the eager prefill), never a 2-request one."""
+    sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)
+    runner = sched.tp_worker.model_runner
+    graphs = CudaGraphRunner(
+        runner, CaptureHiddenMode.NULL, max_extend_len=1, batch_sizes=[1, 2, 3, 4],
+        use_graphs=False, prefill_max_tokens=32, prefill_max_bs=3,
+    )  # fmt: skip
+    assert graphs.prefill_token_buckets == {1: [16, 32], 2: [16, 32], 3: [16, 32]}
+    dummy = graphs._dummy_fill(GraphKey(3, 16))
+    assert dummy.extend_seq_lens_cpu == [6, 5, 5]
+    graphs._execute(GraphKey(3, 16), dummy)  # the capture batch runs
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (4, 5, 6)]
+    reqs = Requests(runner, prompts)
+    mwb = replace(reqs.batch([0, 1, 2], prompts, ForwardMode.EXTEND), num_logit_rows=[1, 1, 1])
+    assert graphs.key_for(mwb, CaptureHiddenMode.NULL) == GraphKey(3, 16)
+    eager = runner.forward_worker_batch(mwb).next_token_logits.clone()
+    torch.testing.assert_close(graphs.replay(mwb).next_token_logits, eager, atol=1e-4, rtol=0)
+    # bs 1's buckets cut short (as a context length can cut them; the bs-2 buckets reach
+    # twice as far): a 20-token prompt then runs eagerly, not in bucket (2, 32)
+    one = replace(reqs.batch([0], [list(range(20))], ForwardMode.EXTEND), num_logit_rows=[1])
+    assert graphs.key_for(one, CaptureHiddenMode.NULL) == GraphKey(1, 32)
+    graphs.token_buckets[1] = [1, 16]
+    assert graphs.pick(1, 20) == GraphKey(2, 32)
+    assert graphs.key_for(one, CaptureHiddenMode.NULL) is None
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
@@ -648,19 +679,33 @@ def test_cuda_graph_multi_request_prefill_equals_eager(tiny_model_dir, mode):
 
 @pytest.mark.gpu
 @gpu
-def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir):
+def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir, monkeypatch):
     """--cuda-graph-prefill-max-bs 4 end to end (triton): the same greedy outputs as
-    --disable-cuda-graph, six prompts of 5-40 tokens submitted at once (prefilled together)."""
+    --disable-cuda-graph for four prompts of 5-23 tokens submitted at once, whose prefill
+    (56 tokens) replays the multi-request bucket (4, 64) (a review helper found that the first
+    version of this test prefilled six prompts, more than the limit, and replayed nothing)."""
+    replayed = []
+    key_for = CudaGraphRunner.key_for
+
+    def recording(self, mwb, mode):
+        key = key_for(self, mwb, mode)
+        if key is not None and self.is_prefill_key(key):
+            replayed.append((mwb.batch_size, key))
+        return key
+
+    monkeypatch.setattr(CudaGraphRunner, "key_for", recording)
     g = torch.Generator().manual_seed(9)
-    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23, 32, 40)]
-    lens = [6, 9, 4, 7, 5, 8]
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23)]
+    lens = [6, 9, 4, 7]
     kw = dict(device="cuda", attention_backend="triton", cuda_graph_bs=[1, 2, 4, 8])
     eager = greedy(tiny_model_dir, prompts, lens, disable_cuda_graph=True, **kw)
+    assert replayed == []
     graphs = greedy(
         tiny_model_dir, prompts, lens, cuda_graph_prefill_max_tokens=64,
         cuda_graph_prefill_max_bs=4, **kw,
     )  # fmt: skip
     assert graphs == eager
+    assert (4, GraphKey(4, 64)) in replayed
 
 
 @pytest.mark.gpu

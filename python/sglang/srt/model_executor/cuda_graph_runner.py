@@ -116,12 +116,10 @@ class CudaGraphRunner:
             for b in batch_sizes:
                 if b > max(prefill_max_bs, 1):
                     break
-                # multi-request buckets: their dummy capture batch splits the tokens evenly
-                self.prefill_token_buckets[b] = [
-                    n
-                    for n in prefill_token_buckets(longest, b * max_extend_len, limit=limit * b)
-                    if b == 1 or n % b == 0
-                ]
+                # limit * b: the capture's dummy batch splits the tokens over the b requests
+                self.prefill_token_buckets[b] = prefill_token_buckets(
+                    longest, b * max_extend_len, limit=limit * b
+                )
             self.prefill_buckets = self.prefill_token_buckets[1]
         elif prefill_max_tokens > 0:
             logger.warning(
@@ -177,8 +175,9 @@ class CudaGraphRunner:
             return None
         if capture_hidden_mode not in self._prefill_modes():
             return None
-        if bs == 1:
-            return self.pick(1, ext[0]) if self.fits(ext) else None
+        if bs == 1:  # bs-1 buckets only: one lm_head row, as the eager prefill computes
+            key = self.pick(1, ext[0]) if self.fits(ext) else None
+            return key if key is not None and key.bs == 1 else None
         if capture_hidden_mode == CaptureHiddenMode.LAST or any(n != 1 for n in mwb.num_logit_rows):
             return None  # the logits / hidden rows would need a gather
         key = self.pick_prefill(bs, sum(ext))
@@ -370,16 +369,17 @@ class CudaGraphRunner:
 
     # ------------------------------------------------------------------ capture
     def _dummy_fill(self, key: GraphKey) -> ForwardBatch:
-        """Every request computes max_extend_len tokens from position 0 into slot 0 (a prefill
-        bucket's token count is a multiple of its bs: the requests split it evenly)."""
-        e = key.max_extend_len
+        """The key's tokens split over its requests as evenly as they go (the first
+        num_tokens % bs requests one more), each from position 0 into slot 0."""
+        q, r = divmod(key.num_tokens, key.bs)
+        lens = [q + 1] * r + [q] * (key.bs - r)
         return self._fill(
             key,
             [0] * key.bs,
-            [e] * key.bs,
-            [e] * key.bs,
-            torch.zeros(key.bs * e, dtype=torch.int64),
-            torch.zeros(key.bs * e, dtype=torch.int64),
+            lens,
+            lens,
+            torch.zeros(key.num_tokens, dtype=torch.int64),
+            torch.zeros(key.num_tokens, dtype=torch.int64),
         )
 
     def _run_model(self, fb: ForwardBatch) -> LogitsProcessorOutput:
