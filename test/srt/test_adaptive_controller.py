@@ -13,6 +13,7 @@ import pytest
 
 from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
 from sglang.srt.speculative.adaptive.step_time_model import StepTimeModel
+from sglang.test import adaptive_sim
 from sglang.test.adaptive_sim import LIGHT, ZERO, K, pending_req, synthetic
 
 
@@ -258,16 +259,7 @@ def test_zero_probe_corrects_an_over_estimated_plain_step(monkeypatch):
 
 # The warm-up fit of an adaptive FlashInfer server on the H200 (twentieth session): a plain
 # step of 1.39 ms (synthetic steps run unpipelined) and 0.75 ms more to draft.
-H200_PRIOR = {
-    "time_model": {
-        "const": 1.39e-3,
-        "verify_tokens": 1.0e-6,
-        "draft_tokens": 2.3e-6,
-        "draft_steps": 3.6e-7,
-        "spec_on": 7.5e-4,
-        "draft_reqs": 3.5e-6,
-    }
-}
+H200_PRIOR = {"time_model": adaptive_sim.H200_PRIOR}
 
 
 def test_probe_runs_past_the_transition_step(monkeypatch):

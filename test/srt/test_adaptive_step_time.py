@@ -16,7 +16,14 @@ from sglang.srt.speculative.adaptive.step_time_model import (
     profile_step_time,
     step_features,
 )
-from sglang.test.adaptive_sim import ZERO, K, synthetic
+from sglang.test.adaptive_sim import (
+    H200_PRIOR,
+    ZERO,
+    K,
+    burst_drift,
+    stall_lock_in,
+    synthetic,
+)
 
 
 def random_features(rng, n: int) -> np.ndarray:
@@ -201,20 +208,12 @@ def test_rare_drafting_steps_are_remembered_through_long_plain_runs():
     all (idle_decay = decay, the model before the twenty-sixth session) is back at the prior
     for both (on the H200 the adaptive server then drafted again in every round of a paired
     run at c = 16, at 2-3x the predicted step time)."""
-    prior = {
-        "const": 1.39e-3,
-        "verify_tokens": 1.0e-6,
-        "draft_tokens": 2.3e-6,
-        "draft_steps": 3.6e-7,
-        "spec_on": 7.5e-4,
-        "draft_reqs": 3.5e-6,
-    }
     x_draft = allocation_features([4], [5], 300)
     x_plain1 = allocation_features([0], [1], 300)
     x_plain16 = allocation_features([0] * 16, [1] * 16, 16 * 300)
     predicted = {}
     for idle in (0.999, 0.98):
-        model = StepTimeModel({**ZERO, **prior}, idle_decay=idle)
+        model = StepTimeModel({**ZERO, **H200_PRIOR}, idle_decay=idle)
         assert model.predict(x_draft) == pytest.approx(2.1e-3, rel=0.05)
         for _ in range(30):
             model.update(x_plain1, 0.8e-3)
@@ -237,8 +236,6 @@ def test_a_kept_measurement_fades_within_thousands_of_steps():
     within 10,000 plain steps the prior is back (at 0.9999 it was still 2.9x); and 2,000 steps
     after a burst at bs 65-250, whose steps cost more per request than a linear fit of bs 12-19
     allows, a bs-16 plain step is predicted within 15% (1.48x at 0.9999)."""
-    from sglang.test.adaptive_sim import burst_drift, stall_lock_in
-
     stall = stall_lock_in(0.999)
     assert stall[0] > 2.0 and stall[2] < 1.1
     assert stall_lock_in(0.9999)[2] > 2.0

@@ -129,10 +129,16 @@ def allocation_features(
 _BS, _SPEC_ON = FEATURES.index("bs"), FEATURES.index("spec_on")
 
 
+def regime_codes(x: np.ndarray) -> np.ndarray:
+    """[m] int64 regime of each feature row of x [m, F], the statistics its measurement joins
+    (see the module docstring): 256 * (1 if the step drafted else 0) + bs.bit_length()
+    (frexp's exponent of a positive integer is its bit_length)."""
+    return (x[:, _SPEC_ON] > 0) * 256 + np.frexp(x[:, _BS].astype(np.int64))[1]
+
+
 def regime(x: np.ndarray) -> tuple[int, int]:
-    """(1 if the step drafted else 0, bs.bit_length()) of a feature row x [F]: the regime
-    whose statistics its measurement joins (see the module docstring)."""
-    return int(x[_SPEC_ON] > 0), int(x[_BS]).bit_length()
+    """(1 if the step drafted else 0, bs.bit_length()) of one feature row x [F]."""
+    return divmod(int(regime_codes(x[None, :])[0]), 256)
 
 
 class StepTimeModel:
@@ -174,7 +180,7 @@ class StepTimeModel:
         # per regime (row r of _index): discounted statistics as of its last measured step
         # _last[r] (update index): _grams[r] [F, F] = sum w z z^T, _moments[r] [F] = sum w z y
         n = len(FEATURES)
-        self._index: dict[tuple[int, int], int] = {}
+        self._index: dict[int, int] = {}  # regime_codes value -> row
         self._grams = np.zeros((0, n, n))
         self._moments = np.zeros((0, n))
         self._last = np.zeros(0)
@@ -251,15 +257,12 @@ class StepTimeModel:
         steps = np.array([r[2] for r in rows], dtype=np.float64)  # [m]
         pred = np.maximum(z @ self.theta, 1e-6)
         y = np.minimum(np.maximum(y, pred / 3.0), pred * 3.0)
-        # regime() of every row at once: frexp's exponent of a positive integer is its
-        # bit_length
-        codes = (x[:, _SPEC_ON] > 0) * 256 + np.frexp(x[:, _BS].astype(np.int64))[1]
+        codes = regime_codes(x)
         for code in np.unique(codes).tolist():
             idx = np.flatnonzero(codes == code)
-            key = (code // 256, code % 256)
-            r = self._index.get(key)
+            r = self._index.get(code)
             if r is None:  # a regime measured for the first time (at most 2 x bs buckets)
-                r = self._index[key] = len(self._last)
+                r = self._index[code] = len(self._last)
                 n = len(FEATURES)
                 self._grams = np.concatenate([self._grams, np.zeros((1, n, n))])
                 self._moments = np.concatenate([self._moments, np.zeros((1, n))])
