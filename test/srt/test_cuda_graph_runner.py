@@ -664,21 +664,6 @@ def test_prefill_buckets_of_uneven_batch_sizes_cpu(tiny_model_dir):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
-def test_cuda_graph_multi_request_prefill_equals_eager(tiny_model_dir, mode):
-    runner = _cuda_runner(tiny_model_dir, mode)
-    graphs = CudaGraphRunner(
-        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], prefill_max_tokens=32,
-        prefill_max_bs=4,
-    )  # fmt: skip
-    assert len(graphs.graphs) == 16 + 2 + 2 + 1
-    check_multi_prefill_equals_eager(runner, graphs, mode, atol=2e-4)
-    check_prefill_equals_eager(runner, graphs, mode, atol=2e-4, max_bs=4)
-    check_padded_equals_eager(runner, graphs, mode, atol=2e-4)
-
-
-@pytest.mark.gpu
-@gpu
 def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir, monkeypatch):
     """--cuda-graph-prefill-max-bs 4 end to end (triton): the same greedy outputs as
     --disable-cuda-graph for four prompts of 5-23 tokens submitted at once, whose prefill
@@ -711,13 +696,19 @@ def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir, monkeyp
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("mode", [CaptureHiddenMode.NULL, CaptureHiddenMode.LAST])
-def test_cuda_graph_prefill_equals_eager(tiny_model_dir, mode):
+@pytest.mark.parametrize("prefill_max_bs", [1, 4])
+def test_cuda_graph_prefill_equals_eager(tiny_model_dir, mode, prefill_max_bs):
+    """Captured prefill graphs: single-request ones, and with prefill_max_bs 4 the buckets of
+    bs 2 (16, 32) and 4 (32) for prefills of several requests too."""
     runner = _cuda_runner(tiny_model_dir, mode)
     graphs = CudaGraphRunner(
-        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], prefill_max_tokens=32
-    )
-    assert len(graphs.graphs) == 16 + 2
-    check_prefill_equals_eager(runner, graphs, mode, atol=2e-4)
+        runner, mode, max_extend_len=4, batch_sizes=[1, 2, 4, 8], prefill_max_tokens=32,
+        prefill_max_bs=prefill_max_bs,
+    )  # fmt: skip
+    assert len(graphs.graphs) == 16 + 2 + (2 + 1 if prefill_max_bs == 4 else 0)
+    if prefill_max_bs == 4:
+        check_multi_prefill_equals_eager(runner, graphs, mode, atol=2e-4)
+    check_prefill_equals_eager(runner, graphs, mode, atol=2e-4, max_bs=prefill_max_bs)
     check_padded_equals_eager(runner, graphs, mode, atol=2e-4)
 
 
