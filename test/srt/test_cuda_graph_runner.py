@@ -985,10 +985,10 @@ def test_prefill_graph_default_by_device(tiny_model_dir, monkeypatch):
     assert resolved("cpu") == 0
     assert resolved("cpu", cuda_graph_prefill_max_tokens=64) == 64
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # resolve only, no GPU use
-    assert resolved("cuda") == DEFAULT_PREFILL_GRAPH_TOKENS == 256
+    assert resolved("cuda") == DEFAULT_PREFILL_GRAPH_TOKENS == 512
     assert resolved("cuda", cuda_graph_prefill_max_tokens=0) == 0
     assert resolved("cuda", cuda_graph_bs=[8, 16]) == 0
-    assert resolved("cuda", cuda_graph_bs=[1, 8]) == 256
+    assert resolved("cuda", cuda_graph_bs=[1, 8]) == 512
     assert resolved("cuda", cuda_graph_bs=[8, 16], cuda_graph_prefill_max_tokens=64) == 64
 
 

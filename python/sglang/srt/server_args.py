@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # --cuda-graph-prefill-max-tokens on CUDA when not given: SmolLM2's time to first token at batch 1
-# fell from 27 to 4.4 ms on the H200 with it (benchmark/README.md, fifteenth session).
-DEFAULT_PREFILL_GRAPH_TOKENS = 256
+# fell from 27 to 4.4 ms on the H200 with 256 (benchmark/README.md, fifteenth session); 512 with
+# --cuda-graph-prefill-max-bs 8 holds the prefills of c = 16 serving (~4 requests x ~70 tokens),
+# whose time to first token fell from 42.5 to 14.7 ms (twenty-seventh session).
+DEFAULT_PREFILL_GRAPH_TOKENS = 512
+# --cuda-graph-prefill-max-bs when not given (same measurement: output tok/s x1.16 at c = 16)
+DEFAULT_PREFILL_GRAPH_BS = 8
 
 
 def _arg(default: Any, help: str, **kw: Any) -> Any:
@@ -106,17 +110,18 @@ class ServerArgs:
     )
     cuda_graph_prefill_max_tokens: int | None = _arg(
         None,
-        "This fork: also capture CUDA graphs for a single request's prefill of up to this many "
-        "tokens (buckets 16, 32, 64, ... up to it; a prompt's uncached part), replayed instead "
+        "This fork: also capture CUDA graphs for prefills of up to this many tokens (buckets 16, "
+        "32, 64, ... up to it; the prompts' uncached parts; one request, or several up to "
+        "--cuda-graph-prefill-max-bs), replayed instead "
         "of the eager prefill, whose launches bound a small model's time to first token. "
         f"Default {DEFAULT_PREFILL_GRAPH_TOKENS} on CUDA when --cuda-graph-bs includes 1, else "
         "0; 0: off. Upstream's nearest is --enable-piecewise-cuda-graph.",
     )
     cuda_graph_prefill_max_bs: int = _arg(
-        1,
+        DEFAULT_PREFILL_GRAPH_BS,
         "This fork: prefill graphs (--cuda-graph-prefill-max-tokens) also for prefills of "
         "several requests that all sample, in the CUDA-graph batch sizes up to this one "
-        "(default 1: single-request prefills only, until measured on a GPU).",
+        f"(default {DEFAULT_PREFILL_GRAPH_BS}; 1: single-request prefills only).",
     )
     disable_overlap_schedule: bool | None = _arg(
         None,
