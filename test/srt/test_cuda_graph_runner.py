@@ -586,7 +586,7 @@ def check_multi_prefill_equals_eager(runner, graphs: CudaGraphRunner, mode, atol
         ([5, 6], [prompts[5][5:], prompts[6]], GraphKey(2, 32)),
     ]
     modes = [
-        m for m in (CaptureHiddenMode.NULL, CaptureHiddenMode.FULL) if m in graphs._prefill_modes()
+        m for m in (CaptureHiddenMode.NULL, CaptureHiddenMode.FULL) if m in graphs.prefill_modes()
     ]
     for idx, new, want_key in cases:
         mwb = replace(reqs.batch(idx, new, ForwardMode.EXTEND), num_logit_rows=[1] * len(idx))

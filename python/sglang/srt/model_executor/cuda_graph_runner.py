@@ -3,8 +3,8 @@ request) and hybrid speculative verify (1 + d_i tokens for request i, d_i free p
 and, with --cuda-graph-prefill-max-tokens P, prefills of up to P tokens (the graph computes
 the logits of each prompt's last token only, as an eager prefill does, and the hidden states
 of every row when the runner captures any): of one request, or of several that all sample in
-the bs buckets up to --cuda-graph-prefill-max-bs (default 1: multi-request prefill graphs are
-off until measured on a GPU).
+the bs buckets up to --cuda-graph-prefill-max-bs (default 8). Which graphs exist and which one
+a step replays is GraphBuckets' (cuda_graph_buckets.py), which this runner extends.
 
 A graph is captured per (bs bucket, token bucket): bs bucket b from --cuda-graph-bs, token
 buckets b * (1 + k) for k = 0..max_extend_len - 1, plus, for each b up to the prefill bs
@@ -25,7 +25,6 @@ results survive the next replay.
 
 from __future__ import annotations
 
-import bisect
 import gc
 import logging
 import time
@@ -35,7 +34,7 @@ import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
-from sglang.srt.model_executor.cuda_graph_buckets import GraphKey, prefill_token_buckets
+from sglang.srt.model_executor.cuda_graph_buckets import GraphBuckets, GraphKey
 from sglang.srt.model_executor.cuda_graph_inputs import StaticInputs
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
@@ -46,19 +45,12 @@ from sglang.srt.model_executor.forward_batch_info import (
 logger = logging.getLogger(__name__)
 
 
-def _chunk_size(model_runner) -> int | None:
-    """--chunked-prefill-size (None or <= 0: prompts are not chunked): no prefill step of one
-    request computes more tokens, so buckets beyond the first one that holds it never replay."""
-    chunk = model_runner.server_args.chunked_prefill_size
-    return chunk if chunk and chunk > 0 else None
-
-
 def as_int64(t: torch.Tensor) -> torch.Tensor:
     """t as int64 (t itself when it already is: no call)."""
     return t if t.dtype == torch.int64 else t.to(torch.int64)
 
 
-class CudaGraphRunner:
+class CudaGraphRunner(GraphBuckets):
     """Captures and replays the target model's forward for decode / verify steps.
 
     Args: model_runner (its model, pools and attention backend; the backend must set
@@ -98,41 +90,23 @@ class CudaGraphRunner:
         self.verify_backend_max_bs = verify_backend_max_bs if verify_backend is not None else 0
         self.decode_backend_max_bs = decode_backend_max_bs if verify_backend is not None else 0
         self.device = model_runner.device
-        self.capture_hidden_mode = capture_hidden_mode
-        self.max_extend_len = max_extend_len
-        self.batch_sizes = batch_sizes
         self.use_graphs = use_graphs
-        self.max_bs = batch_sizes[-1]
-        # token buckets per bs bucket, ascending: decode / verify, then bs 1's prefill buckets
-        self.token_buckets = {b: [b * (1 + k) for k in range(max_extend_len)] for b in batch_sizes}
-        if full_token_buckets_only:
-            self.token_buckets = {b: [b * max_extend_len] for b in batch_sizes}
-        self.prefill_buckets = []  # bs 1's prefill token buckets
-        # prefill token buckets per bs bucket (bs 1, then up to prefill_max_bs)
-        self.prefill_token_buckets: dict[int, list[int]] = {}
-        if prefill_max_tokens > 0 and batch_sizes[0] == 1:
-            longest = min(prefill_max_tokens, _chunk_size(model_runner) or prefill_max_tokens)
-            limit = model_runner.model_config.context_len
-            for b in batch_sizes:
-                if b > max(prefill_max_bs, 1):
-                    break
-                # limit * b: the capture's dummy batch splits the tokens over the b requests
-                self.prefill_token_buckets[b] = prefill_token_buckets(
-                    longest, b * max_extend_len, limit=limit * b
-                )
-            self.prefill_buckets = self.prefill_token_buckets[1]
-        elif prefill_max_tokens > 0:
-            logger.warning(
-                "--cuda-graph-prefill-max-tokens %d: no prefill graphs, since the CUDA-graph "
-                "batch sizes %s do not include 1",
-                prefill_max_tokens,
-                batch_sizes,
-            )
-        for b, ns in self.prefill_token_buckets.items():
-            self.token_buckets[b] += ns
-        longest_prefill = [n for ns in self.prefill_token_buckets.values() for n in ns]
-        self.max_tokens = max(self.max_bs * max_extend_len, *longest_prefill, 0)
-        self.keys = [GraphKey(b, n) for b, ns in self.token_buckets.items() for n in ns]
+        chunk = context_len = None
+        if prefill_max_tokens > 0:  # (a draft runner has neither: it has no prefill buckets)
+            chunk = model_runner.server_args.chunked_prefill_size
+            chunk = chunk if chunk and chunk > 0 else None
+            context_len = model_runner.model_config.context_len
+        GraphBuckets.__init__(
+            self,
+            batch_sizes,
+            capture_hidden_mode,
+            max_extend_len,
+            prefill_max_tokens,
+            prefill_max_bs,
+            full_token_buckets_only,
+            chunk,
+            context_len,
+        )
         self.inputs = StaticInputs(self.max_bs, self.max_tokens, self.device)
         self.logits_indices = torch.arange(self.max_tokens, dtype=torch.int64, device=self.device)
         # [max prefill bs] int64: the last token row of each request of a prefill bucket's step
@@ -152,37 +126,6 @@ class CudaGraphRunner:
             self.capture()
 
     # ------------------------------------------------------------------ selection
-    def can_run(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode) -> bool:
-        """True when mwb fits a captured graph: a decode/verify step (every computed token is
-        a logits row) with the captured hidden-state mode, or a prefill that a prefill bucket
-        holds (hidden states: the captured mode, or FULL when LAST was captured, since prefill
-        buckets then capture every row): one request, or several up to the prefill bs limit
-        that all sample (one logits row each) with NULL or FULL hidden states; never with
-        input logprobs."""
-        return self.key_for(mwb, capture_hidden_mode) is not None
-
-    def key_for(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode):
-        """The GraphKey mwb replays (see can_run), or None."""
-        if mwb.return_logprob and any(mwb.input_logprob_targets):
-            return None
-        ext = mwb.extend_seq_lens
-        if mwb.num_logit_rows == ext:
-            if capture_hidden_mode != self.capture_hidden_mode or not self.fits(ext):
-                return None
-            return self.pick(len(ext), sum(ext))
-        bs = mwb.batch_size
-        if not self.prefill_buckets or bs > max(self.prefill_token_buckets) or bs == 0:
-            return None
-        if capture_hidden_mode not in self._prefill_modes():
-            return None
-        if bs == 1:  # bs-1 buckets only: one lm_head row, as the eager prefill computes
-            key = self.pick(1, ext[0]) if self.fits(ext) else None
-            return key if key is not None and key.bs == 1 else None
-        if capture_hidden_mode == CaptureHiddenMode.LAST or any(n != 1 for n in mwb.num_logit_rows):
-            return None  # the logits / hidden rows would need a gather
-        key = self.pick_prefill(bs, sum(ext))
-        return key if key is not None and max(ext) <= self.longest_request(key) else None
-
     def backend_of(self, key: GraphKey):
         """The attention backend key's graph captures: verify_backend for a verify bucket
         (more tokens than requests, not a prefill bucket) of bs <= verify_backend_max_bs and
@@ -195,62 +138,6 @@ class CudaGraphRunner:
         if key.num_tokens == key.bs and key.bs <= self.decode_backend_max_bs:
             return self.verify_backend
         return self.backend
-
-    def is_prefill_key(self, key: GraphKey) -> bool:
-        """A prefill bucket (more tokens than a verify step of key.bs requests computes)."""
-        return key.num_tokens > key.bs * self.max_extend_len
-
-    def _prefill_modes(self) -> tuple[CaptureHiddenMode, ...]:
-        if self.capture_hidden_mode == CaptureHiddenMode.LAST:
-            return (CaptureHiddenMode.LAST, CaptureHiddenMode.FULL)
-        return (self.capture_hidden_mode,)
-
-    def fits(self, extend_lens: list[int]) -> bool:
-        """Whether requests computing these numbers of tokens (each >= 1) fit a captured graph:
-        at least one and at most max_bs requests, a bucket holding them all, and none longer
-        than that bucket's longest_request."""
-        bs = len(extend_lens)
-        if not 0 < bs <= self.max_bs:
-            return False
-        key = self.pick(bs, sum(extend_lens))
-        return key is not None and max(extend_lens) <= self.longest_request(key)
-
-    def longest_request(self, key: GraphKey) -> int:
-        """Most tokens one request can compute in key's graph: max_extend_len, or fewer when
-        the other key.bs - 1 requests (one token each at least) leave less; a prefill bucket's
-        token count less one token for each other request. This, not the bucket's tokens per
-        request (key.max_extend_len), bounds what the attention backend must cover: a replay
-        of 2 requests with 41 + 1 tokens fits bucket (2, 42), whose average is 21 (the Triton
-        extend kernel sizes its grid of query blocks from it)."""
-        if self.is_prefill_key(key):
-            return key.num_tokens - (key.bs - 1)
-        return min(self.max_extend_len, key.num_tokens - (key.bs - 1))
-
-    def pick(self, bs: int, num_tokens: int) -> GraphKey | None:
-        """The smallest bucket holding bs requests and num_tokens tokens plus one token per
-        pad request."""
-        i = bisect.bisect_left(self.batch_sizes, bs)
-        for b in self.batch_sizes[i:]:
-            need = num_tokens + (b - bs)
-            buckets = self.token_buckets[b]
-            j = bisect.bisect_left(buckets, need)
-            if j < len(buckets):
-                return GraphKey(b, buckets[j])
-        return None
-
-    def pick_prefill(self, bs: int, num_tokens: int) -> GraphKey | None:
-        """The smallest prefill bucket (of a bs bucket >= bs with prefill buckets) holding
-        num_tokens tokens plus one per pad request; None when none does. Only prefill buckets:
-        a verify bucket would compute every row's logits, and a prefill needs each request's
-        last row only."""
-        for b in self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs) :]:
-            buckets = self.prefill_token_buckets.get(b)
-            if buckets is None:
-                return None
-            j = bisect.bisect_left(buckets, num_tokens + (b - bs))
-            if j < len(buckets):
-                return GraphKey(b, buckets[j])
-        return None
 
     # ------------------------------------------------------------------ static batches
     def _static_batch(self, key: GraphKey) -> ForwardBatch:
