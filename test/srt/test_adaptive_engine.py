@@ -91,7 +91,8 @@ def test_engine_adaptive_extremes(engine_runs):
 
 def test_warmup_sweep_on_worker_leaves_pools_unchanged(tiny_model_dir, spec_args):
     """The startup sweep (skipped on CPU by the scheduler) runs synthetic decode and verify
-    steps on the real worker, frees every slot, and installs fitted coefficients."""
+    steps on the real worker (catch-up steps over several positions included), frees every
+    slot, and installs fitted coefficients."""
     cfg = json.dumps({"profile_batch_sizes": [1, 2, 100000]})
     sched = make_scheduler(
         tiny_model_dir, speculative_adaptive=True, speculative_adaptive_config=cfg, **spec_args
@@ -99,6 +100,11 @@ def test_warmup_sweep_on_worker_leaves_pools_unchanged(tiny_model_dir, spec_args
     free = (sched.allocator.available_size(), sched.req_to_token_pool.available_size())
     run_step = make_synthetic_step(sched, 16)
     assert run_step(2, 0) > 0 and run_step(3, 3) > 0
+    assert run_step(3, 1, 16) > 0  # a catch-up over the whole context (the sweep's probe)
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="catchup must be in 1..16"):
+            run_step(1, 1, bad)
+    assert (sched.allocator.available_size(), sched.req_to_token_pool.available_size()) == free
     before = sched.spec.adaptive.time_model.coefficients()
     profile_on_worker(sched, sched.spec.adaptive, context_len=16)  # 100000 does not fit
     assert sched.spec.adaptive.time_model.coefficients() != before

@@ -64,6 +64,38 @@ def test_profile_sweep_recovers_synthetic_model():
     assert fitted.predict(x) == pytest.approx(true.predict(x), rel=0.05)
 
 
+def test_catchup_probe_tells_draft_tokens_from_verify_tokens():
+    """The sweep's drafting steps have draft_tokens = verify_tokens - bs, so without its
+    catch-up steps the fit cannot tell the draft model's tokens from the verify's: a step
+    catching 100 requests up over 200 positions each (what a batch that decoded without
+    drafting pays when it starts) is then mispredicted. With catchup_probe the fit predicts it
+    within 5%, and the sweep's own steps too."""
+    true = synthetic(
+        const=2e-3, bs=1e-5, verify_tokens=3e-5, draft_tokens=8e-6, draft_steps=5e-4,
+        spec_on=1e-3, kv_tokens=1e-9, draft_reqs=5e-5,
+    )  # fmt: skip
+    sizes, ctx = [1, 4, 16, 64, 256], 512
+    calls = []
+
+    def run_step(bs: int, d: int, catchup: int = 1) -> float:
+        calls.append((bs, d, catchup))
+        p = catchup if d else 0
+        return true.predict(allocation_features([d] * bs, [p] * bs, bs * ctx))
+
+    catch_up = allocation_features([1] * 100, [200] * 100, 100 * ctx)
+    sweep = np.stack(
+        [step_features(b, b * (1 + d), b * d, d, b * ctx) for b in sizes for d in range(6)]
+    )
+    errors = {}
+    for probe in (0, 64):
+        calls.clear()
+        fit = StepTimeModel(profile_step_time(run_step, sizes, range(6), ctx, 1, probe))
+        assert sum(c[2] == 64 for c in calls) == (2 * len(sizes) if probe else 0)  # 1 + repeats
+        errors[probe] = abs(fit.predict(catch_up[None, :])[0] / true.predict(catch_up) - 1)
+        assert fit.predict(sweep) == pytest.approx(true.predict(sweep), rel=0.05)
+    assert errors[64] < 0.05 < 0.3 < errors[0]
+
+
 def sweep_step_s(bs: int, d: int) -> float:
     """A step-time curve shaped like the H200 warm-up sweeps: slightly superlinear in tokens
     (attention, GEMMs), and a drafting step pays about 1 ms of host work per drafting request

@@ -36,6 +36,10 @@ from sglang.srt.speculative.spec_info import pending_positions
 logger = logging.getLogger(__name__)
 
 OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
+# Pending positions per request of the warm-up sweep's catch-up steps (profile_step_time's
+# catchup_probe; capped by the sweep's context length): what tells the draft model's tokens
+# from the verify's in the fit.
+PROFILE_CATCHUP = 64
 
 
 class AdaptiveController:
@@ -104,13 +108,15 @@ class AdaptiveController:
     # ---------------------------------------------------------------- setup
     def profile(
         self,
-        run_step: Callable[[int, int], float | None],
+        run_step: Callable[..., float | None],
         context_len: int,
         max_batch_size: int | None = None,
     ) -> None:
         """Warm-up sweep (see profile_step_time) over cfg.profile_batch_sizes (those up to
-        max_batch_size) and d = 0..K; the fitted coefficients become the step-time prior.
-        Skipped when cfg.profile is off or cfg.time_model fixes the coefficients."""
+        max_batch_size) and d = 0..K, plus a catch-up step over min(PROFILE_CATCHUP,
+        context_len) positions per batch size (run_step(bs, 1, p)); the fitted coefficients
+        become the step-time prior. Skipped when cfg.profile is off or cfg.time_model fixes
+        the coefficients."""
         if not self.cfg.profile or self.cfg.time_model is not None:
             return
         sizes = [
@@ -118,7 +124,10 @@ class AdaptiveController:
         ]
         if not sizes:
             return
-        coef = profile_step_time(run_step, sizes, range(self.k + 1), context_len)
+        probe = min(PROFILE_CATCHUP, context_len)
+        coef = profile_step_time(
+            run_step, sizes, range(self.k + 1), context_len, catchup_probe=probe
+        )
         self.time_model.set_prior(coef)
         logger.info("speculative step-time model from warm-up sweep: %s", coef)
 

@@ -394,11 +394,12 @@ def fit_coefficients(
 
 
 def profile_step_time(
-    run_step: Callable[[int, int], float | None],
+    run_step: Callable[..., float | None],
     batch_sizes: Sequence[int],
     draft_lens: Sequence[int],
     context_len: int,
     repeats: int = 3,
+    catchup_probe: int = 0,
 ) -> dict[str, float]:
     """Warm-up sweep: time synthetic steps and fit the step-time coefficients.
 
@@ -406,17 +407,33 @@ def profile_step_time(
     each drafting `d` tokens after a one-token catch-up (d = 0: plain decode), and returns its
     time in seconds (or None to time it here with time.perf_counter; the callable must then
     synchronise the device). The first call of each shape is a warm-up and is not used; the
-    median of `repeats` timings is. Returns coefficients by FEATURES name."""
+    median of `repeats` timings is. Returns coefficients by FEATURES name.
+
+    catchup_probe p > 1 (at most context_len) adds, per batch size, run_step(bs, 1, p): one
+    draft token after a catch-up over p positions per request. Without it every drafting step
+    of the sweep has draft_tokens = verify_tokens - bs = bs * d, so the fit cannot tell the
+    draft model's tokens from the verify's and may put the whole cost on either: on the H200
+    (twenty-seventh session) it left draft_tokens at 3e-8 s, so a catch-up over thousands of
+    pending positions looked free, and an adaptive SmolLM2 server at c = 256 drafted a step of
+    100 requests predicted at 6.1 ms that took 22.9 ms (`spec_drafting_by_bs` of
+    `paired_smollm2_c256_h200_s27.json`)."""
     xs, ys = [], []
+
+    def timed(shape: tuple, args: tuple) -> None:
+        times = []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            t = run_step(*args)
+            t = time.perf_counter() - t0 if t is None else t
+            if r > 0:
+                times.append(t)
+        xs.append(step_features(*shape))
+        ys.append(float(np.median(times)))
+
+    probe = catchup_probe > 1 and max(draft_lens, default=0) >= 1
     for bs in batch_sizes:
         for d in draft_lens:
-            times = []
-            for r in range(repeats + 1):
-                t0 = time.perf_counter()
-                t = run_step(bs, d)
-                t = time.perf_counter() - t0 if t is None else t
-                if r > 0:
-                    times.append(t)
-            xs.append(step_features(bs, bs * (1 + d), bs * d, d, bs * context_len))
-            ys.append(float(np.median(times)))
+            timed((bs, bs * (1 + d), bs * d, d, bs * context_len), (bs, d))
+        if probe:  # one draft token after p pending positions: p draft-model tokens each
+            timed((bs, 2 * bs, bs * catchup_probe, 1, bs * context_len), (bs, 1, catchup_probe))
     return fit_coefficients(np.stack(xs), np.array(ys))

@@ -1,10 +1,10 @@
 """Startup warm-up sweep for the step-time model: synthetic decode steps on the real worker.
 
 A synthetic step gives `bs` fake requests a context of `context_len` tokens (KV slots are
-allocated but hold garbage; only timing matters), a one-token draft catch-up, and `d` draft
-tokens each (d = 0: a plain decode step), then runs the speculative worker exactly as a real
-step would (EAGLEWorkerV2.forward_batch_generation). Every slot is freed afterwards, so the
-pools are as before. Runs before any request is admitted.
+allocated but hold garbage; only timing matters), a draft catch-up over the last `catchup`
+positions (default one), and `d` draft tokens each (d = 0: a plain decode step), then runs
+the speculative worker exactly as a real step would (EAGLEWorkerV2.forward_batch_generation).
+Every slot is freed afterwards, so the pools are as before. Runs before any request is admitted.
 """
 
 from __future__ import annotations
@@ -26,14 +26,18 @@ from sglang.srt.speculative.spec_info import SpecPlan
 logger = logging.getLogger(__name__)
 
 
-def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[[int, int], float]:
-    """run_step(bs, d) -> forward seconds of one synthetic step on scheduler.tp_worker.
-    Raises RuntimeError when the pools cannot hold bs requests of context_len + 1 + d tokens."""
+def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[..., float]:
+    """run_step(bs, d, catchup=1) -> forward seconds of one synthetic step on
+    scheduler.tp_worker (catchup: pending positions each drafting request catches its draft up
+    over, 1..context_len). Raises RuntimeError when the pools cannot hold bs requests of
+    context_len + 1 + d tokens, ValueError for a catchup outside 1..context_len."""
     s = scheduler
     worker, mc = s.tp_worker, s.model_config
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
 
-    def run_step(bs: int, d: int) -> float:
+    def run_step(bs: int, d: int, catchup: int = 1) -> float:
+        if not 1 <= catchup <= context_len:
+            raise ValueError(f"synthetic step: catchup must be in 1..{context_len}, got {catchup}")
         per_req = context_len + 1 + d
         rows = s.req_to_token_pool.alloc(bs)
         slots = s.allocator.alloc(bs * per_req) if rows is not None else None
@@ -46,23 +50,24 @@ def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[[int, int]
             for i, r in enumerate(rows):
                 s.req_to_token_pool.write(r, 0, slots[i * per_req : (i + 1) * per_req])
             return worker.forward_batch_generation(
-                _batch(rows, slots, d, context_len)
+                _batch(rows, slots, d, context_len, catchup)
             ).forward_time_s
         finally:
             s.allocator.free(slots)
             for r in rows:
                 s.req_to_token_pool.free(r)
 
-    def _batch(rows: list[int], slots: torch.Tensor, d: int, n: int) -> ModelWorkerBatch:
+    def _batch(rows: list[int], slots: torch.Tensor, d: int, n: int, p: int) -> ModelWorkerBatch:
         bs, per_req = len(rows), n + 1 + d
         tok = [100 + i for i in range(bs)]
         step = torch.cat([slots[i * per_req + n : (i + 1) * per_req] for i in range(bs)])
         plan = SpecPlan(draft_lens=[d] * bs)
         for i in range(bs):
-            plan.catchup_ids.append([tok[i]] if d else [])
-            plan.catchup_prefix_lens.append(n - 1 if d else 0)
-            last = slots[i * per_req + n - 1 : i * per_req + n]
-            # the pending position's hidden state: whatever its pool row holds (timing only)
+            # positions n - p .. n - 1, each with the next token's id (any id: timing only)
+            plan.catchup_ids.append([tok[i]] * p if d else [])
+            plan.catchup_prefix_lens.append(n - p if d else 0)
+            last = slots[i * per_req + n - p : i * per_req + n]
+            # the pending positions' hidden states: whatever their pool rows hold (timing only)
             plan.catchup_slots.append(last.numpy().astype(np.int64) if d else None)
         info = SamplingBatchInfo.from_rows(
             [SamplingRow(greedy, [tok[i]], [], i) for i in range(bs)], mc.vocab_size, worker.device
