@@ -413,7 +413,7 @@ def profile_step_time(
     draft token after a catch-up over p positions per request. Without it every drafting step
     of the sweep has draft_tokens = verify_tokens - bs = bs * d, so the fit cannot tell the
     draft model's tokens from the verify's and may put the whole cost on either: on the H200
-    (twenty-seventh session) it left draft_tokens at 3e-8 s, so a catch-up over thousands of
+    (twenty-seventh session) it set draft_tokens to 0.0, so a catch-up over thousands of
     pending positions looked free, and an adaptive SmolLM2 server at c = 256 drafted a step of
     100 requests predicted at 6.1 ms that took 22.9 ms (`spec_drafting_by_bs` of
     `paired_smollm2_c256_h200_s27.json`)."""
