@@ -270,8 +270,9 @@ def main() -> None:
         "--cuda-graph-prefill-max-tokens",
         type=int,
         default=None,
-        help="the server flag: bs-1 prefill graphs up to this many tokens (0: off; default: "
-        "the server's); graphs start at bs 1 only when --batch-size is 1",
+        help="the server flag: prefill graphs up to this many tokens (0: off; default: the "
+        "server's), in the captured batch sizes up to --cuda-graph-prefill-max-bs (default 8); "
+        "graphs start at bs 1 only when --batch-size is 1",
     )
     p.add_argument("--copy-gib", type=float, default=4.0)
     p.add_argument("--result-file", default=None)
