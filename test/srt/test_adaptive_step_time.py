@@ -111,9 +111,12 @@ def probe_step(true: StepTimeModel, ctx: int, calls: list | None = None):
 
 def catchup_errors(true: StepTimeModel, sweep_rel: float) -> dict[int, float]:
     """{probe: relative error of the fit's prediction of a catch-up of 100 requests x 200
-    positions} for a sweep without (0) and with (64) catch-up steps, checking that each fit
-    holds the sweep's own steps within sweep_rel and that the probe ran 1 + repeats times per
-    batch size."""
+    positions} for a sweep without (0) and with (64) catch-up steps, the latter at the batch
+    sizes whose catch-up has at most the controller's PROFILE_CATCHUP_MAX_TOKENS tokens (bs 1
+    to 64 of 256), checking that each fit holds the sweep's own steps within sweep_rel and
+    that the probe ran 1 + repeats times per batch size it covers."""
+    from sglang.srt.speculative.adaptive.controller import PROFILE_CATCHUP_MAX_TOKENS as cap
+
     sizes, ctx = [1, 4, 16, 64, 256], 512
     calls: list = []
     run_step = probe_step(true, ctx, calls)
@@ -124,8 +127,8 @@ def catchup_errors(true: StepTimeModel, sweep_rel: float) -> dict[int, float]:
     errors = {}
     for probe in (0, 64):
         calls.clear()
-        fit = StepTimeModel(profile_step_time(run_step, sizes, range(6), ctx, 1, probe))
-        assert sum(c[2] == 64 for c in calls) == (2 * len(sizes) if probe else 0)  # 1 + repeats
+        fit = StepTimeModel(profile_step_time(run_step, sizes, range(6), ctx, 1, probe, cap))
+        assert sum(c[2] == 64 for c in calls) == (2 * 4 if probe else 0)  # 1 + repeats, 4 sizes
         errors[probe] = abs(fit.predict(catch_up[None, :])[0] / true.predict(catch_up) - 1)
         assert fit.predict(sweep) == pytest.approx(true.predict(sweep), rel=sweep_rel)
     return errors

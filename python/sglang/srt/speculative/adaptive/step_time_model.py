@@ -406,6 +406,7 @@ def profile_step_time(
     context_len: int,
     repeats: int = 3,
     catchup_probe: int = 0,
+    catchup_max_tokens: int | None = None,
 ) -> dict[str, float]:
     """Warm-up sweep: time synthetic steps and fit the step-time coefficients.
 
@@ -416,7 +417,8 @@ def profile_step_time(
     median of `repeats` timings is. Returns coefficients by FEATURES name.
 
     catchup_probe p > 1 (at most context_len) adds, per batch size, run_step(bs, 1, p): one
-    draft token after a catch-up over p positions per request. Without it every drafting step
+    draft token after a catch-up over p positions per request, at the batch sizes where bs * p
+    is at most catchup_max_tokens (None: all). Without it every drafting step
     of the sweep has draft_tokens = verify_tokens - bs = bs * d, so the fit cannot tell the
     draft model's tokens from the verify's and may put the whole cost on either: on the H200
     (twenty-seventh session) it set draft_tokens to 0.0, so a catch-up over thousands of
@@ -440,6 +442,7 @@ def profile_step_time(
     for bs in batch_sizes:
         for d in draft_lens:
             timed((bs, bs * (1 + d), bs * d, d, bs * context_len), (bs, d))
-        if probe:  # one draft token after p pending positions: p draft-model tokens each
+        fits = catchup_max_tokens is None or bs * catchup_probe <= catchup_max_tokens
+        if probe and fits:  # one draft token after p pending positions: p draft-model tokens
             timed((bs, 2 * bs, bs * catchup_probe, 1, bs * context_len), (bs, 1, catchup_probe))
     return fit_coefficients(np.stack(xs), np.array(ys))
