@@ -109,6 +109,7 @@ CASES = [
     (COMP, b'{"model": "default", "prompt": "hi",', 400, "invalid JSON body"),
     ("/abort_request", {"id": "x"}, 400, "rid"),
     ("/no/such/route", {}, 404, "/no/such/route"),
+    ("/metrics", {}, 404, "--enable-metrics"),  # metrics are off on this server
 ]
 
 

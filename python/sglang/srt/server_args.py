@@ -110,8 +110,9 @@ class ServerArgs:
     )
     cuda_graph_prefill_max_tokens: int | None = _arg(
         None,
-        "This fork: also capture CUDA graphs for prefills of up to this many tokens (buckets 16, "
-        "32, 64, ... up to it; the prompts' uncached parts; one request, or several up to "
+        "This fork: also capture CUDA graphs for prefills of up to this many tokens, 0..4096 "
+        "(buckets 16, 32, 64, ... up to the first >= it; the prompts' uncached parts; one "
+        "request, or several up to "
         "--cuda-graph-prefill-max-bs), replayed instead "
         "of the eager prefill, whose launches bound a small model's time to first token. "
         f"Default {DEFAULT_PREFILL_GRAPH_TOKENS} on CUDA when --cuda-graph-bs includes 1, else "

@@ -226,6 +226,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http_error(request: Request, exc: StarletteHTTPException) -> OrjsonResponse:
         if exc.status_code == 404:
             msg = f"unknown route {request.method} {request.url.path}"
+            if request.url.path == "/metrics":  # mounted only with the flag, as upstream
+                msg += ": metrics are off; start the server with --enable-metrics"
         elif exc.status_code == 400 and "parsing the body" in str(exc.detail):
             # FastAPI's parser refused it; one nested past the recursion limit says so
             deep = raw_json_too_deep(await request.body())
