@@ -122,6 +122,11 @@ class AcceptanceTracker:
         self.server_att = self.server_att * decay + att.sum(0)
         self.server_acc = self.server_acc * decay + acc.sum(0)
 
+    def observe_idle(self) -> None:
+        """observe() of a verify step where no request drafted (nothing observed; each slot's
+        decay for the step is applied when it is next read)."""
+        self.steps += 1
+
 
 def expected_tokens(alpha: np.ndarray) -> np.ndarray:
     """Expected committed tokens for each draft length.

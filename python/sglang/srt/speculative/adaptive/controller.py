@@ -291,7 +291,6 @@ class AdaptiveController:
         steps (with overlap scheduling a commit comes after the next step's launch, or before
         it when the pipeline drains, so the counter at commit time would not do)."""
         now = time.perf_counter()
-        slots = [r.req_pool_idx for r in reqs]
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
         long_catch_up = False  # a request caught up over more than K + 1 positions
@@ -339,15 +338,15 @@ class AdaptiveController:
             if transition:
                 self.guard.end_run(run_bs, tokens, interval)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
-        self.tracker.observe(slots, draft_lens, accepted)
-        self._set_prev(slots, draft_lens, sum_d)
-        self.last = {
-            "bs": len(reqs),
-            "sum_d": sum_d,
-            "x": x,  # the step's features: its predicted time is computed when reported
-            "measured_s": measured,
-            "forward_s": forward_time_s,
-        }
+        if sum_d or self._prev_nonzero:  # (a plain step under load: neither needs the slots)
+            slots = [r.req_pool_idx for r in reqs]
+            self.tracker.observe(slots, draft_lens, accepted)
+            self._set_prev(slots, draft_lens, sum_d)
+        else:
+            self.tracker.observe_idle()
+        last = self.last  # the step's features: its predicted time is computed when reported
+        last["bs"], last["sum_d"], last["x"] = len(reqs), sum_d, x
+        last["measured_s"], last["forward_s"] = measured, forward_time_s
         if logger.isEnabledFor(logging.DEBUG):
             predicted = self.time_model.predict_unsolved(x)
             logger.debug(

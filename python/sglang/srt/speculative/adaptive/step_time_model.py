@@ -103,11 +103,12 @@ def step_features(
     return np.stack(cols, axis=-1)
 
 
-def plain_step_features(bs: int, kv_tokens: int) -> np.ndarray:
-    """[F] features of a step where no request drafts (allocation_features of all zeros,
-    without the per-request work)."""
+def plain_step_features(bs: int, kv_tokens: int) -> tuple[float, ...]:
+    """The F features of a step where no request drafts (allocation_features of all zeros,
+    without the per-request work), as a tuple: every decode step under load builds one, and a
+    small numpy array costs several microseconds there (StepTimeModel takes either form)."""
     n = float(bs)
-    return np.array([1.0, n, n, 0.0, 0.0, 0.0, float(kv_tokens), 0.0])
+    return (1.0, n, n, 0.0, 0.0, 0.0, float(kv_tokens), 0.0)
 
 
 def allocation_features(
@@ -136,9 +137,9 @@ def regime_codes(x: np.ndarray) -> np.ndarray:
     return (x[:, _SPEC_ON] > 0) * 256 + np.frexp(x[:, _BS].astype(np.int64))[1]
 
 
-def regime(x: np.ndarray) -> tuple[int, int]:
+def regime(x: np.ndarray | Sequence[float]) -> tuple[int, int]:
     """(1 if the step drafted else 0, bs.bit_length()) of one feature row x [F]."""
-    return divmod(int(regime_codes(x[None, :])[0]), 256)
+    return divmod(int(regime_codes(np.asarray(x, dtype=np.float64)[None, :])[0]), 256)
 
 
 class StepTimeModel:
@@ -212,26 +213,27 @@ class StepTimeModel:
         self._solve()
         return {f: float(c) for f, c in zip(FEATURES, self.theta / _SCALES, strict=True)}
 
-    def predict(self, x: np.ndarray) -> np.ndarray | float:
-        """Step time in seconds for features x ([F] -> float, [m, F] -> [m]); at least 1 us."""
+    def predict(self, x: np.ndarray | Sequence[float]) -> np.ndarray | float:
+        """Step time in seconds for features x ([F] -> float, [m, F] -> [m]; an array, or one
+        row as a sequence, e.g. plain_step_features' tuple); at least 1 us."""
         self._solve()
         return self.predict_unsolved(x)
 
-    def predict_unsolved(self, x: np.ndarray) -> np.ndarray | float:
+    def predict_unsolved(self, x: np.ndarray | Sequence[float]) -> np.ndarray | float:
         """predict with the coefficients of the last solve (no fold, no re-solve: at most
         SOLVE_EVERY buffered updates behind predict): for reporting on steps where the policy
         does not run, and for the policy's bound check."""
         t = np.maximum((x / _SCALES) @ self.theta, 1e-6)
         return float(t) if t.ndim == 0 else t
 
-    def update(self, x: np.ndarray, measured_s: float) -> None:
-        """Correct the model with one measured step (x: [F], measured_s: seconds). A
-        measurement is clipped to [1/3, 3] x the current prediction, so one stall moves the fit
-        by at most that (and fades with its regime: see the module docstring). Buffers the
-        measurement (a list append) and folds the buffer into the statistics and re-solves the
-        coefficients when they are next read or every SOLVE_EVERY updates (the clip uses the
-        last solve), so steps nobody predicts for (reused all-zero choices, the fixed and tiers
-        baselines) stay cheap."""
+    def update(self, x: np.ndarray | Sequence[float], measured_s: float) -> None:
+        """Correct the model with one measured step (x: [F] array or sequence, measured_s:
+        seconds). A measurement is clipped to [1/3, 3] x the current prediction, so one stall
+        moves the fit by at most that (and fades with its regime: see the module docstring).
+        Buffers the measurement (a list append) and folds the buffer into the statistics and
+        re-solves the coefficients when they are next read or every SOLVE_EVERY updates (the
+        clip uses the last solve), so steps nobody predicts for (reused all-zero choices, the
+        fixed and tiers baselines) stay cheap."""
         if not self.online or not measured_s > 0:
             return
         self._rows.append((x, measured_s, self.num_updates))  # folded in batches: an append
@@ -251,7 +253,7 @@ class StepTimeModel:
         if not self._rows:
             return
         rows = self._rows
-        x = np.stack([r[0] for r in rows])  # [m, F]
+        x = np.array([r[0] for r in rows], dtype=np.float64)  # [m, F] (rows: arrays, tuples)
         z = x / _SCALES
         y = np.array([r[1] for r in rows])  # [m]
         steps = np.array([r[2] for r in rows], dtype=np.float64)  # [m]
