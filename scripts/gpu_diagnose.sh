@@ -105,6 +105,11 @@
 #                                    # against no_spec with --cuda-graph-prefill-max-bs 8 and
 #                                    # --cuda-graph-prefill-max-tokens 512 (~4 x 70 tokens),
 #                                    # MP_ROUNDS (8) rounds, host phases incl. *_extend
+#   bash scripts/gpu_diagnose.sh WU  # the warm-up fit with catch-up steps (twenty-seventh
+#                                    # session): benchmark/check_warmup_fit.py (measured over
+#                                    # predicted synthetic steps, catch-ups 1 / 64 / 200), then
+#                                    # no_spec / adaptive paired at c = 256 and 16 (WU_CONC),
+#                                    # WU_ROUNDS (6) rounds, and the servers' warm-up fits
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -119,7 +124,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -516,6 +521,23 @@ for r in json.load(open(sys.argv[1]))['rows']:
     cp "$D"/paired_smollm2_multi_prefill_"$TAG".md "$OUT"/ 2>/dev/null
     rm -rf "$D/plogs"
     ;;
+  WU)  # issue 7: the warm-up fit with its catch-up steps (twenty-seventh session) against real
+    # synthetic steps, then SmolLM2 no_spec / adaptive paired at c = 256 and 16 (where a
+    # drafting step of 100 requests was predicted at 6.1 ms and took 22.9 ms before)
+    timeout -k 5 "$(box "${WU_FIT_S:-120}")" python3 benchmark/check_warmup_fit.py \
+      --result-file "$D/warmup_fit_$TAG.json" > "$D/warmup_fit_$TAG.log" 2>&1
+    echo "warm-up fit rc=$?"; grep -E "measured_over|draft_tokens" "$D/warmup_fit_$TAG.log" | tail -30
+    cp "$D/warmup_fit_$TAG.json" "$OUT"/ 2>/dev/null
+    # shellcheck disable=SC2086  # WU_CONC is a list of concurrencies
+    timeout -k 10 "$(box 420)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive --concurrency ${WU_CONC:-256 16} --rounds "${WU_ROUNDS:-6}" \
+      --cpu-sets 0-6 7-13 --client-cpus 14-15 --deadline-s "$(( $(left) - 30 ))" \
+      --result-file "$D/paired_smollm2_warmup_$TAG.json" --log-dir "$D/plogs" 2>&1 \
+      | grep -E "round|wrote|rror|Trace" | tail -30
+    cp "$D"/paired_smollm2_warmup_"$TAG".md "$OUT"/ 2>/dev/null
+    grep -h "warm-up sweep" "$D"/plogs/*.log 2>/dev/null | tail -4
+    rm -rf "$D/plogs"
+    ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)
     never='--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive'
     never="$never --speculative-adaptive-config '{\"time_model\":{\"verify_tokens\":1.0},\"online_correction\":false}'"
@@ -563,7 +585,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP, WU or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
