@@ -27,6 +27,7 @@ from bench_common import run_meta, write_json
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None, help="default: the bundled SmolLM2")
+    p.add_argument("--draft-model-path", default=None, help="default: the bundled draft")
     p.add_argument("--device", default="auto")
     p.add_argument("--speculative-num-steps", type=int, default=5)
     p.add_argument("--context-len", type=int, default=512, help="of every synthetic request")
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cpu-batch-sizes", type=int, nargs="+", default=[1, 4])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-total-tokens", type=int, default=200000)
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--result-file", default=None)
     args = p.parse_args(argv)
 
@@ -50,10 +52,12 @@ def main(argv: list[str] | None = None) -> dict:
         args.model_path,
         device=device,
         speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=args.draft_model_path,
         speculative_num_steps=args.speculative_num_steps,
         speculative_adaptive=True,
         speculative_adaptive_config=json.dumps(cfg),
         max_total_tokens=args.max_total_tokens,
+        dtype=args.dtype,
     )
     a = sched.spec.adaptive
     if device == "cpu":  # the scheduler runs the sweep on CUDA only
