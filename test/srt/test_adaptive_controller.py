@@ -81,6 +81,41 @@ def test_all_zero_choice_survives_small_dips_of_a_large_batch():
         assert runs(ctl, dips, reqs) == expected, shrink
 
 
+def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
+    """recheck_margin: when the last all-zero run's bound check put drafting at most that
+    fraction of the plain rate, a shrink of more than recheck_shrink waits for the window
+    (no run, no window reset) unless the batch fell below half; where drafting is close to
+    paying (bound ratio above the margin) a shrink re-runs as without it. Off by default."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    def runs(ctl, sizes: list[int], reqs: list) -> list[int]:
+        out = []
+        for step, bs in enumerate(sizes):
+            if not ctl.reuse_zero(reqs[:bs]):
+                assert ctl.choose(reqs[:bs], [K] * bs) == [0] * bs
+                out.append(step)
+        return out
+
+    reqs = [pending_req(i) for i in range(16)]
+    # bound ratios (best drafting rate the bound allows / plain rate) at bs 7-16: far < 0.01
+    # (drafting costs a second), near 0.84 (drafting costs 2.3 ms more than a 1 ms step)
+    far = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
+    near = synthetic(const=1e-3, spec_on=2.3e-3)
+    sizes = [16, 13, 12, 16, 16, 9, 7, 16]
+    for margin, model, expected in (
+        (0.0, far, [0, 1, 5, 6]),  # default: 13 < 16 - 2 re-runs, and so do 9 and 7
+        (0.8, far, [0, 6]),  # 13 and 12 wait; 9 is above half of 16; 7 is not
+        (0.8, near, [0, 1, 5, 6]),  # the bound ratio is above the margin at 13
+    ):
+        cfg = {"recheck_every": 32, "recheck_max": 32, "recheck_margin": margin}
+        ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=16)
+        ctl.time_model = model
+        assert runs(ctl, sizes, reqs) == expected, (margin, ctl._zero_ratio)
+        ratio = ctl.info()["spec_zero_bound_ratio"]
+        assert ratio is not None and 0 < ratio <= 1
+        assert ctl.info()["spec_policy_runs"] == len(expected)
+
+
 def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     """recheck_every: an all-zero decision skips the policy (and the caps) for the next
     recheck_every - 1 steps while the batch has at least as many requests (new requests,

@@ -107,6 +107,9 @@ class AdaptiveController:
         self._zero_bs = 0
         self._zero_window = cfg.recheck_every
         self._all_zero = False  # the goodput policy's last run chose no drafts at all
+        # the last all-zero run's bound ratio (GoodputPolicy.last_bound_ratio), or None
+        self._zero_ratio: float | None = None
+        self.num_policy_runs = 0  # policy runs (choices not reused), for server info
 
     # ---------------------------------------------------------------- setup
     def profile(
@@ -176,6 +179,16 @@ class AdaptiveController:
         self._zero_left -= 1
         return True
 
+    def _far_from_paying(self, bs: int) -> bool:
+        """cfg.recheck_margin > 0 and the last all-zero run's bound check put the best drafting
+        rate at most that fraction of the plain rate, for a batch bs at least half of the one
+        it ran on: a shrink then waits for the window instead of re-running the policy and
+        resetting the window. Under churn at bs 16 (CPU machine, requests finishing and joining
+        every few steps) shrink-triggered runs and the window resets they cause made the policy
+        run on 0.083 of the steps, ~330 us a run."""
+        ratio, margin = self._zero_ratio, self.cfg.recheck_margin
+        return margin > 0 and ratio is not None and ratio <= margin and 2 * bs >= self._zero_bs
+
     def _shrunk(self, bs: int) -> bool:
         """Whether a batch of bs requests is smaller than the one the last all-zero run saw
         (_zero_bs) by more than cfg.recheck_shrink of it (rounded down, so below 8 requests at
@@ -186,7 +199,8 @@ class AdaptiveController:
         there). A dip that small barely changes what a step costs per request, so it waits
         for the recheck; a real shrink (a burst draining) still re-runs at once."""
         # + 1e-9: a fraction such as 0.29 of 100 is 28.999... in floating point, not 29
-        return bs < self._zero_bs - math.floor(self._zero_bs * self.cfg.recheck_shrink + 1e-9)
+        cut = math.floor(self._zero_bs * self.cfg.recheck_shrink + 1e-9)
+        return bs < self._zero_bs - cut and not self._far_from_paying(bs)
 
     def drafting_off(self) -> bool:
         """True while speculation is off for the server: the goodput policy's last run chose
@@ -216,13 +230,17 @@ class AdaptiveController:
             self._probe_left -= 1
             return [0] * len(reqs)
         guard = self.guard
+        ratio = None  # the bound ratio of this step's policy run (recheck_margin)
         if guard is not None and guard.blocks(len(reqs)):
             chosen = [0] * len(reqs)  # drafting delivered less at this batch size lately
         else:
             chosen = self._run_policy(reqs, caps, remaining)
-        if any(chosen) or self._shrunk(len(reqs)):  # back to the shortest window
-            self._zero_window = self.cfg.recheck_every
+            ratio = getattr(self.policy, "last_bound_ratio", None)  # goodput only
         self._all_zero = self.policy.name == "goodput" and not any(chosen)
+        shrunk = self._shrunk(len(reqs))  # against the previous run's batch and ratio
+        self._zero_ratio = ratio if self._all_zero else None
+        if any(chosen) or shrunk:  # back to the shortest window
+            self._zero_window = self.cfg.recheck_every
         if any(chosen):
             self._zero_left = self._zero_bs = 0
             if self._probe_due() or (guard is not None and guard.needs_plain(len(reqs))):
@@ -247,6 +265,7 @@ class AdaptiveController:
     def _run_policy(
         self, reqs: Sequence[Any], caps: Sequence[int], remaining: Sequence[int] | None
     ) -> list[int]:
+        self.num_policy_runs += 1
         slots = [r.req_pool_idx for r in reqs]
         horizon = self.cfg.catchup_horizon
         pending = np.array([pending_positions(r) for r in reqs], dtype=np.int64)
@@ -431,6 +450,8 @@ class AdaptiveController:
             "spec_forward_time_s": self.last["forward_s"],
             "spec_step_overhead_s": self.overhead_s,
             "spec_zero_probes": self.num_probes,
+            "spec_policy_runs": self.num_policy_runs,
+            "spec_zero_bound_ratio": self._zero_ratio,
             "spec_transition_steps": self.num_transition_steps,
             "spec_last_step_sum_draft_len": self.last["sum_d"],
             "spec_step_time_coef": self.time_model.coefficients(),

@@ -113,6 +113,7 @@ class GoodputPolicy:
         # allocation, time function): under load the policy's runs return all zeros with no
         # rate to compare, and rating them anyway cost ~70 us a run on the CPU machine
         self._rated: float | tuple[BatchView, np.ndarray, TimeFn] = 0.0
+        self.last_bound_ratio: float | None = None  # see choose
 
     @property
     def last_predicted_rate(self) -> float:
@@ -136,7 +137,11 @@ class GoodputPolicy:
         and a choice it rules out is seen at most one solve late (every SOLVE_EVERY updates,
         or at the next fresh read). Any allocation that may draft is scored with time_fn."""
         bound = time_fn if bound_fn is None else bound_fn
-        best = self.best_allocation(view, time_fn, bound)
+        report: dict = {}
+        best = self.best_allocation(view, time_fn, bound, report)
+        # the bound check's ratio when it ruled drafting out, else None (AdaptiveController:
+        # recheck_margin)
+        self.last_bound_ratio = report.get("bound_ratio")
         keep = np.where(view.prev >= 0, np.minimum(view.prev, view.caps), best)
         if np.array_equal(keep, best):
             self._rated = (view, best, time_fn if best.any() else bound)
@@ -158,7 +163,10 @@ class GoodputPolicy:
 
     @staticmethod
     def best_allocation(
-        view: BatchView, time_fn: TimeFn, bound_fn: TimeFn | None = None
+        view: BatchView,
+        time_fn: TimeFn,
+        bound_fn: TimeFn | None = None,
+        report: dict | None = None,
     ) -> np.ndarray:
         """The best prefix, over every depth limit L = 1..K (d_r <= L; a step costs max(d_r)
         draft forwards, which an order by expected tokens alone does not see), of two orders of
@@ -170,8 +178,10 @@ class GoodputPolicy:
           together), which concentrates them: with a per-drafting-request cost (draft_reqs)
           one request drafting three tokens can beat three requests drafting one each.
 
-        bound_fn (default time_fn) is the model of the check that rules drafting out.
-        Returns [n] int64."""
+        bound_fn (default time_fn) is the model of the check that rules drafting out. When
+        that check rules it out and `report` is given, report["bound_ratio"] is its upper
+        bound on a drafting rate over the all-zero rate (<= 1; how far drafting is from
+        paying). Returns [n] int64."""
         n, k = view.alphas.shape
         gains = np.cumprod(view.alphas, axis=1)  # [n, K] expected tokens added by draft j
         valid = np.arange(k)[None, :] < view.caps[:, None]  # [n, K]
@@ -179,7 +189,10 @@ class GoodputPolicy:
         if len(rows) == 0:
             return np.zeros(n, dtype=np.int64)
         bound = time_fn if bound_fn is None else bound_fn
-        if GoodputPolicy._nothing_can_pay(view, bound, gains[rows, js], rows, js):
+        top, plain = GoodputPolicy._bound_rates(view, bound, gains[rows, js], rows, js)
+        if top <= plain:
+            if report is not None:
+                report["bound_ratio"] = top / plain
             return np.zeros(n, dtype=np.int64)
         greedy = np.argsort(-gains[rows, js], kind="stable")
         by_request = np.argsort(-gains[rows, 0], kind="stable")  # keeps j ascending
@@ -194,7 +207,16 @@ class GoodputPolicy:
     def _nothing_can_pay(
         view: BatchView, time_fn: TimeFn, g: np.ndarray, rows: np.ndarray, js: np.ndarray
     ) -> bool:
-        """True when no allocation can beat all zeros, decided from an upper bound (the common
+        """True when no allocation can beat all zeros (see _bound_rates)."""
+        bound, plain = GoodputPolicy._bound_rates(view, time_fn, g, rows, js)
+        return bound <= plain
+
+    @staticmethod
+    def _bound_rates(
+        view: BatchView, time_fn: TimeFn, g: np.ndarray, rows: np.ndarray, js: np.ndarray
+    ) -> tuple[float, float]:
+        """(upper bound on any drafting allocation's rate, the all-zero rate), tokens/s: no
+        allocation can beat all zeros when the first is at most the second (the common
         case under load, without scoring the orders, which takes 0.68 ms at batch 256 on the CPU
         machine: benchmark/results/adaptive_host_cpu.json). With time_fn linear
         in the features and non-decreasing in each (non-negative coefficients), m draft tokens
@@ -219,7 +241,7 @@ class GoodputPolicy:
         delta = max(min(t_same, t_other) - t1, 0.0)
         gm = np.cumsum(np.sort(g)[::-1])  # [m] G_1 .. G_m
         bound = (n + gm) / (t1 + delta * np.arange(len(gm)))
-        return float(bound.max()) <= n / t0
+        return float(bound.max()), n / t0
 
     @staticmethod
     def _best_prefix(

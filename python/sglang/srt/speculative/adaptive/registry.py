@@ -13,6 +13,10 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "recheck_shrink": 0.125,                    # "shrinks": by more than this fraction of
                                                  # the batch the policy last ran on (floor;
                                                  # below 8 requests any shrink)
+     "recheck_margin": 0.0,                      # > 0: while the last all-zero run's bound
+                                                 # put drafting at most this fraction of the
+                                                 # plain rate, a shrink re-runs the policy
+                                                 # only below half that batch (0: off)
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
@@ -70,6 +74,7 @@ class AdaptiveConfig:
     recheck_every: int = 4
     recheck_max: int = 32
     recheck_shrink: float = 0.125
+    recheck_margin: float = 0.0
     initial_accept: float = 0.7
     server_prior_count: float = 8.0
     prior_strength: float = 4.0
@@ -171,6 +176,7 @@ _CHECKS = {
     "recheck_every": lambda v: _int("recheck_every", v, 1),
     "recheck_max": lambda v: _int("recheck_max", v, 1),
     "recheck_shrink": lambda v: _number("recheck_shrink", v, 0.0, 0.99),
+    "recheck_margin": lambda v: _number("recheck_margin", v, 0.0, 0.99),
     "catchup_horizon": lambda v: _int("catchup_horizon", v, 1),
     "initial_accept": lambda v: _number("initial_accept", v, 0.0, 1.0),
     "server_prior_count": lambda v: _number("server_prior_count", v, 0.0, 1e9, lo_open=True),
