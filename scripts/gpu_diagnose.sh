@@ -108,8 +108,9 @@
 #   bash scripts/gpu_diagnose.sh WU  # the warm-up fit with catch-up steps (twenty-seventh
 #                                    # session): benchmark/check_warmup_fit.py (measured over
 #                                    # predicted synthetic steps, catch-ups 1 / 64 / 200), then
-#                                    # no_spec / adaptive paired at c = 256 and 16 (WU_CONC),
-#                                    # WU_ROUNDS (6) rounds, and the servers' warm-up fits
+#                                    # no_spec / adaptive / adaptive_rm (recheck_margin 0.8)
+#                                    # paired at c = 256 and 16 (WU_CONC), WU_ROUNDS (6)
+#                                    # rounds, and the servers' warm-up fits
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -528,10 +529,13 @@ for r in json.load(open(sys.argv[1]))['rows']:
       --result-file "$D/warmup_fit_$TAG.json" > "$D/warmup_fit_$TAG.log" 2>&1
     echo "warm-up fit rc=$?"; grep -E "measured_over|draft_tokens" "$D/warmup_fit_$TAG.log" | tail -30
     cp "$D/warmup_fit_$TAG.json" "$OUT"/ 2>/dev/null
+    rm_cfg='--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive'
+    rm_cfg="$rm_cfg --speculative-adaptive-config '{\"recheck_margin\":0.8}'"
     # shellcheck disable=SC2086  # WU_CONC is a list of concurrencies
     timeout -k 10 "$(box 420)" python3 benchmark/paired_serving.py --preset smollm2 \
-      --configs no_spec adaptive --concurrency ${WU_CONC:-256 16} --rounds "${WU_ROUNDS:-6}" \
-      --cpu-sets 0-6 7-13 --client-cpus 14-15 --deadline-s "$(( $(left) - 30 ))" \
+      --configs no_spec adaptive adaptive_rm --add-config "adaptive_rm=$rm_cfg" \
+      --concurrency ${WU_CONC:-256 16} --rounds "${WU_ROUNDS:-6}" \
+      --cpu-sets 0-3 4-7 8-11 --client-cpus 12-15 --deadline-s "$(( $(left) - 30 ))" \
       --result-file "$D/paired_smollm2_warmup_$TAG.json" --log-dir "$D/plogs" 2>&1 \
       | grep -E "round|wrote|rror|Trace" | tail -30
     cp "$D"/paired_smollm2_warmup_"$TAG".md "$OUT"/ 2>/dev/null
