@@ -118,7 +118,8 @@ class GoodputPolicy:
     @property
     def last_predicted_rate(self) -> float:
         """Predicted committed tokens per second of the last returned allocation (0 before
-        any), rated when read."""
+        any), rated when read with the model's coefficients of the last solve (reading it
+        re-solves nothing)."""
         if isinstance(self._rated, tuple):
             self._rated = self.rate(*self._rated)
         return self._rated
@@ -144,7 +145,9 @@ class GoodputPolicy:
         self.last_bound_ratio = report.get("bound_ratio")
         keep = np.where(view.prev >= 0, np.minimum(view.prev, view.caps), best)
         if np.array_equal(keep, best):
-            self._rated = (view, best, time_fn if best.any() else bound)
+            # bound (the controller's last solve, no re-solve when read): equal to time_fn's
+            # rating here, since choosing a drafting allocation just solved the model
+            self._rated = (view, best, bound)
             return best
         rate_best = self.rate(view, best, time_fn)
         rate_keep = self.rate(view, keep, time_fn)
