@@ -112,10 +112,10 @@ def probe_step(true: StepTimeModel, ctx: int, calls: list | None = None):
 def catchup_errors(true: StepTimeModel, sweep_rel: float) -> dict[int, float]:
     """{probe: relative error of the fit's prediction of a catch-up of 100 requests x 200
     positions} for a sweep without (0) and with (64) catch-up steps, the latter at the batch
-    sizes whose catch-up has at most the controller's PROFILE_CATCHUP_MAX_TOKENS tokens (bs 1
+    sizes whose catch-up has at most the warm-up's PROFILE_CATCHUP_MAX_TOKENS tokens (bs 1
     to 64 of 256), checking that each fit holds the sweep's own steps within sweep_rel and
     that the probe ran 1 + repeats times per batch size it covers."""
-    from sglang.srt.speculative.adaptive.controller import PROFILE_CATCHUP_MAX_TOKENS as cap
+    from sglang.srt.speculative.adaptive.warmup import PROFILE_CATCHUP_MAX_TOKENS as cap
 
     sizes, ctx = [1, 4, 16, 64, 256], 512
     calls: list = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,20 +29,12 @@ from sglang.srt.speculative.adaptive.step_time_model import (
     StepTimeModel,
     allocation_features,
     plain_step_features,
-    profile_step_time,
 )
 from sglang.srt.speculative.spec_info import pending_positions
 
 logger = logging.getLogger(__name__)
 
 OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
-# Pending positions per request of the warm-up sweep's catch-up steps (profile_step_time's
-# catchup_probe; capped by the sweep's context length): what tells the draft model's tokens
-# from the verify's in the fit; only at the batch sizes whose catch-up extend has at most
-# PROFILE_CATCHUP_MAX_TOKENS tokens (64 x 64; bs 256 would be 16,384, twice the default chunked
-# prefill, a start-up activation peak outside --mem-fraction-static).
-PROFILE_CATCHUP = 64
-PROFILE_CATCHUP_MAX_TOKENS = 4096
 
 
 class AdaptiveController:
@@ -112,37 +104,6 @@ class AdaptiveController:
         self.num_policy_runs = 0  # policy runs (choices not reused), for server info
 
     # ---------------------------------------------------------------- setup
-    def profile(
-        self,
-        run_step: Callable[..., float | None],
-        context_len: int,
-        max_batch_size: int | None = None,
-    ) -> None:
-        """Warm-up sweep (see profile_step_time) over cfg.profile_batch_sizes (those up to
-        max_batch_size) and d = 0..K, plus a catch-up step over min(PROFILE_CATCHUP,
-        context_len) positions per batch size (run_step(bs, 1, p), up to
-        PROFILE_CATCHUP_MAX_TOKENS tokens in all); the fitted coefficients
-        become the step-time prior. Skipped when cfg.profile is off or cfg.time_model fixes
-        the coefficients."""
-        if not self.cfg.profile or self.cfg.time_model is not None:
-            return
-        sizes = [
-            b for b in self.cfg.profile_batch_sizes if max_batch_size is None or b <= max_batch_size
-        ]
-        if not sizes:
-            return
-        probe = min(PROFILE_CATCHUP, context_len)
-        coef = profile_step_time(
-            run_step,
-            sizes,
-            range(self.k + 1),
-            context_len,
-            catchup_probe=probe,
-            catchup_max_tokens=PROFILE_CATCHUP_MAX_TOKENS,
-        )
-        self.time_model.set_prior(coef)
-        logger.info("speculative step-time model from warm-up sweep: %s", coef)
-
     def on_admit(self, slot: int) -> None:
         """A new request took request slot `slot`."""
         self.tracker.reset_slot(slot)

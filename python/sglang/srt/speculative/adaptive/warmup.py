@@ -21,9 +21,18 @@ from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo, SamplingRow
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.adaptive.step_time_model import profile_step_time
 from sglang.srt.speculative.spec_info import SpecPlan
 
 logger = logging.getLogger(__name__)
+
+# Pending positions per request of the warm-up sweep's catch-up steps (profile_step_time's
+# catchup_probe; capped by the sweep's context length): what tells the draft model's tokens
+# from the verify's in the fit; only at the batch sizes whose catch-up extend has at most
+# PROFILE_CATCHUP_MAX_TOKENS tokens (64 x 64; bs 256 would be 16,384, twice the default chunked
+# prefill, a start-up activation peak outside --mem-fraction-static).
+PROFILE_CATCHUP = 64
+PROFILE_CATCHUP_MAX_TOKENS = 4096
 
 
 def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[..., float]:
@@ -91,13 +100,42 @@ def make_synthetic_step(scheduler: Any, context_len: int) -> Callable[..., float
     return run_step
 
 
+def profile_controller(
+    controller: Any,
+    run_step: Callable[..., float | None],
+    context_len: int,
+    max_batch_size: int | None = None,
+) -> None:
+    """Warm-up sweep (see profile_step_time) of an AdaptiveController over its
+    cfg.profile_batch_sizes (those up to max_batch_size) and d = 0..K, plus a catch-up step over
+    min(PROFILE_CATCHUP, context_len) positions per batch size (run_step(bs, 1, p), up to
+    PROFILE_CATCHUP_MAX_TOKENS tokens in all); the fitted coefficients become its step-time
+    prior. Skipped when cfg.profile is off or cfg.time_model fixes the coefficients."""
+    cfg = controller.cfg
+    if not cfg.profile or cfg.time_model is not None:
+        return
+    sizes = [b for b in cfg.profile_batch_sizes if max_batch_size is None or b <= max_batch_size]
+    if not sizes:
+        return
+    coef = profile_step_time(
+        run_step,
+        sizes,
+        range(controller.k + 1),
+        context_len,
+        catchup_probe=min(PROFILE_CATCHUP, context_len),
+        catchup_max_tokens=PROFILE_CATCHUP_MAX_TOKENS,
+    )
+    controller.time_model.set_prior(coef)
+    logger.info("speculative step-time model from warm-up sweep: %s", coef)
+
+
 def profile_on_worker(scheduler: Any, controller: Any, context_len: int = 512) -> None:
-    """Run controller.profile with synthetic steps, over the configured batch sizes that fit
-    the pools (context_len is capped by the model's context length)."""
+    """profile_controller with synthetic steps, over the configured batch sizes that fit the
+    pools (context_len is capped by the model's context length)."""
     s = scheduler
     k = controller.k
     ctx = max(2, min(context_len, s.model_config.context_len - k - 2))
     fit = min(s.req_to_token_pool.available_size(), s.allocator.available_size() // (ctx + 1 + k))
     t0 = time.perf_counter()
-    controller.profile(make_synthetic_step(s, ctx), ctx, max_batch_size=fit)
+    profile_controller(controller, make_synthetic_step(s, ctx), ctx, max_batch_size=fit)
     logger.info("adaptive speculation warm-up sweep took %.1f s", time.perf_counter() - t0)
