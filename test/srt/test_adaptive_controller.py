@@ -18,6 +18,17 @@ from sglang.test.adaptive_sim import LIGHT, ZERO, K, pending_req, synthetic
 
 
 # ------------------------------------------------------------------------------ all-zero reuse
+def policy_runs(ctl, sizes: list[int], reqs: list) -> list[int]:
+    """The steps (indices into sizes, each a batch of reqs[:bs]) on which ctl re-ran its policy
+    instead of reusing an all-zero choice; every choice must be all zeros."""
+    out = []
+    for step, bs in enumerate(sizes):
+        if not ctl.reuse_zero(reqs[:bs]):
+            assert ctl.choose(reqs[:bs], [K] * bs) == [0] * bs
+            out.append(step)
+    return out
+
+
 def test_all_zero_reuse_window_doubles_up_to_recheck_max():
     """While the policy keeps choosing all zeros on a batch at least as large, each run's
     reuse window doubles from recheck_every up to recheck_max; drafting or a smaller batch
@@ -61,14 +72,6 @@ def test_all_zero_choice_survives_small_dips_of_a_large_batch():
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
-    def runs(ctl, sizes: list[int], reqs: list) -> list[int]:
-        out = []
-        for step, bs in enumerate(sizes):
-            if not ctl.reuse_zero(reqs[:bs]):
-                assert ctl.choose(reqs[:bs], [K] * bs) == [0] * bs
-                out.append(step)
-        return out
-
     reqs = [pending_req(i) for i in range(64)]
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     dips = [64, 63, 57, 55, 64, 60, 58, 57, 56]
@@ -78,7 +81,7 @@ def test_all_zero_choice_survives_small_dips_of_a_large_batch():
         ctl.time_model = nothing_pays
         # 0.125: runs at 0 (the first), 3 (55 < 64 - 8: a shrink, inside the window) and 7
         # (the window of 4 from step 3 is over); 0: at every new low too (63, 57, 55, 56)
-        assert runs(ctl, dips, reqs) == expected, shrink
+        assert policy_runs(ctl, dips, reqs) == expected, shrink
 
 
 def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
@@ -87,14 +90,6 @@ def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
     (no run, no window reset) unless the batch fell below half; where drafting is close to
     paying (bound ratio above the margin) a shrink re-runs as without it. Off by default."""
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
-
-    def runs(ctl, sizes: list[int], reqs: list) -> list[int]:
-        out = []
-        for step, bs in enumerate(sizes):
-            if not ctl.reuse_zero(reqs[:bs]):
-                assert ctl.choose(reqs[:bs], [K] * bs) == [0] * bs
-                out.append(step)
-        return out
 
     reqs = [pending_req(i) for i in range(16)]
     # bound ratios (best drafting rate the bound allows / plain rate) at bs 7-16: far < 0.01
@@ -110,7 +105,7 @@ def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
         cfg = {"recheck_every": 32, "recheck_max": 32, "recheck_margin": margin}
         ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=16)
         ctl.time_model = model
-        assert runs(ctl, sizes, reqs) == expected, (margin, ctl._zero_ratio)
+        assert policy_runs(ctl, sizes, reqs) == expected, (margin, ctl._zero_ratio)
         ratio = ctl.info()["spec_zero_bound_ratio"]
         assert ratio is not None and 0 < ratio <= 1
         assert ctl.info()["spec_policy_runs"] == len(expected)

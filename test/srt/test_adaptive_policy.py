@@ -153,6 +153,12 @@ def test_tier_table():
     )
 
 
+def nothing_can_pay(v, time_fn, g, rows, js) -> bool:
+    """The policy's early exit: its bound on any drafting rate is at most the all-zero rate."""
+    bound, plain = GoodputPolicy._bound_rates(v, time_fn, g, rows, js)
+    return bound <= plain
+
+
 def test_nothing_can_pay_bound_is_safe_and_used_under_load():
     """The early exit (no allocation can beat all zeros) never fires where brute force finds a
     drafting allocation that beats zeros, and it does fire under heavy load (batch 256), where
@@ -175,7 +181,7 @@ def test_nothing_can_pay_bound_is_safe_and_used_under_load():
         if len(rows) == 0:
             continue
         g = np.cumprod(v.alphas, axis=1)[rows, js]
-        if not GoodputPolicy._nothing_can_pay(v, model.predict, g, rows, js):
+        if not nothing_can_pay(v, model.predict, g, rows, js):
             continue
         fired += 1
         zero = GoodputPolicy.rate(v, np.zeros(n, dtype=np.int64), model.predict)
@@ -188,7 +194,7 @@ def test_nothing_can_pay_bound_is_safe_and_used_under_load():
     big = view([0.8] * 256)
     rows, js = np.nonzero(np.ones((256, K), dtype=bool))
     g = np.cumprod(big.alphas, axis=1)[rows, js]
-    assert GoodputPolicy._nothing_can_pay(big, HEAVY.predict, g, rows, js)
+    assert nothing_can_pay(big, HEAVY.predict, g, rows, js)
 
 
 def test_bound_model_only_rules_drafting_out():

@@ -158,7 +158,8 @@ class AdaptiveController:
         and when every dip re-ran the policy and reset its window, the policy ran on about a
         third of the steps at batch 64 (CPU machine, staggered requests; ~0.5 ms per run
         there). A dip that small barely changes what a step costs per request, so it waits
-        for the recheck; a real shrink (a burst draining) still re-runs at once."""
+        for the recheck; a real shrink (a burst draining) still re-runs at once, unless
+        cfg.recheck_margin says drafting was far from paying (_far_from_paying)."""
         # + 1e-9: a fraction such as 0.29 of 100 is 28.999... in floating point, not 29
         cut = math.floor(self._zero_bs * self.cfg.recheck_shrink + 1e-9)
         return bs < self._zero_bs - cut and not self._far_from_paying(bs)

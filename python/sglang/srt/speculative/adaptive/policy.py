@@ -130,7 +130,7 @@ class GoodputPolicy:
         """[n] int64 draft lengths, 0 <= d_r <= caps[r].
 
         bound_fn (default time_fn): the step-time model for the bound check that rules
-        drafting out (_nothing_can_pay) and for the rate reported with an all-zero choice.
+        drafting out (_bound_rates) and for the rate reported with an all-zero choice.
         The controller passes its model with the coefficients of the last solve: a check that
         rules drafting out, the common case under load, then costs no re-solve of the model
         (60% of the check's samples, 27% of the policy's, in the tenth session's py-spy of a
@@ -205,14 +205,6 @@ class GoodputPolicy:
             if rate > best_rate:
                 best_rate, best = rate, alloc
         return best
-
-    @staticmethod
-    def _nothing_can_pay(
-        view: BatchView, time_fn: TimeFn, g: np.ndarray, rows: np.ndarray, js: np.ndarray
-    ) -> bool:
-        """True when no allocation can beat all zeros (see _bound_rates)."""
-        bound, plain = GoodputPolicy._bound_rates(view, time_fn, g, rows, js)
-        return bound <= plain
 
     @staticmethod
     def _bound_rates(
