@@ -143,9 +143,9 @@ class CudaGraphRunner(GraphBuckets):
     def _static_batch(self, key: GraphKey) -> ForwardBatch:
         """A ForwardBatch whose tensors are views of the persistent buffers for this key. A
         prefill bucket computes one logits row per request (prefill_logit_rows) and, where the
-        runner
-        captures LAST, FULL hidden states: [T, V] logits per bucket would cost memory and a
-        T-row lm_head matmul, and its rounding could differ from the eager prefill's GEMV."""
+        runner captures LAST, FULL hidden states: [T, V] logits per bucket would cost memory
+        and a T-row lm_head matmul, and its rounding could differ from the eager prefill's
+        GEMV."""
         inp, d, b, n = self.inputs, self.inputs.dev, key.bs, key.num_tokens
         prefill = self.is_prefill_key(key)
         mode = self.capture_hidden_mode
