@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
         for c in args.catchups:
             for d in sorted({1, k}):
                 times = [run_step(bs, d, c) for _ in range(args.repeats + 1)][1:]
-                x = allocation_features([d] * bs, [c] * bs, bs * args.context_len)
+                long = [float(c > k + 1)] * bs  # beyond the drafting graphs' K + 1
+                x = allocation_features([d] * bs, [c] * bs, bs * args.context_len, long)
                 measured, predicted = statistics.median(times), float(model.predict(x))
                 rows.append(
                     {

@@ -28,7 +28,7 @@ from sglang.test.adaptive_sim import LIGHT, K, pending_req, synthetic
 HEAVY = synthetic(const=2e-3, verify_tokens=1e-4, draft_tokens=1e-5, draft_steps=2e-4, spec_on=3e-4)
 
 
-def view(alphas, caps=None, prev=None, pending=None) -> BatchView:
+def view(alphas, caps=None, prev=None, pending=None, long_share=None) -> BatchView:
     a = np.asarray(alphas, dtype=np.float64)
     if a.ndim == 1:
         a = np.repeat(a[:, None], K, axis=1)
@@ -39,6 +39,7 @@ def view(alphas, caps=None, prev=None, pending=None) -> BatchView:
         pending=np.ones(n, dtype=np.int64) if pending is None else np.asarray(pending),
         prev=np.full(n, -1) if prev is None else np.asarray(prev),
         kv_tokens=0,
+        long_share=None if long_share is None else np.asarray(long_share, dtype=np.float64),
     )
 
 
@@ -169,13 +170,18 @@ def test_nothing_can_pay_bound_is_safe_and_used_under_load():
         n = 3
         coef = {
             f: float(rng.uniform(0, 1)) * s
-            for f, s in zip(FEATURES, [4e-3, 5e-5, 2e-4, 3e-5, 1e-3, 2e-3, 1e-8, 2e-3], strict=True)
+            for f, s in zip(
+                FEATURES, [4e-3, 5e-5, 2e-4, 3e-5, 1e-3, 2e-3, 1e-8, 2e-3, 3e-3], strict=True
+            )
         }
         model = StepTimeModel(coef, online=False)
+        pending = rng.integers(0, 12, size=n)
         v = view(
             rng.uniform(0.05, 0.99, size=(n, K)),
             caps=rng.integers(0, K + 1, size=n),
-            pending=rng.integers(0, 6, size=n),
+            pending=pending,
+            # a long catch-up's share where the catch-up goes beyond K + 1 positions
+            long_share=np.where(pending > K + 1, rng.uniform(0.1, 1.0, size=n), 0.0),
         )
         rows, js = np.nonzero(np.arange(K)[None, :] < v.caps[:, None])
         if len(rows) == 0:
@@ -262,6 +268,44 @@ def test_long_catch_up_is_spread_over_the_remaining_steps():
     assert ctl.choose([pending_req(1)], [K])[0] == K
     x = allocation_features([K], [500], 510)
     assert x[FEATURES.index("draft_tokens")] == 500 + K - 1
+
+
+def test_long_catch_ups_fixed_cost_is_spread_like_its_positions():
+    """A catch-up beyond K + 1 positions also pays a fixed cost (long_catchup: it leaves the
+    drafting graphs), which the controller spreads over the same steps as the positions
+    (long_share = 1/h): at 50 ms on a 10 ms step the lagging request drafts with 1/16 of it
+    charged, not with all of it (catchup_horizon 1). A request one position behind is
+    charged nothing (its catch-up fits the graphs), so the same cost does not stop it, and
+    the features of an observed step charge the whole cost (share 1) exactly when a drafting
+    request's catch-up was long."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    model = synthetic(
+        const=1e-2, verify_tokens=1e-4, draft_tokens=1e-7, spec_on=3e-4, long_catchup=5e-2
+    )
+    lagging = pending_req(0, kv_len=510)
+    lagging.draft.draft_kv_len = 10
+
+    def controller(horizon: int) -> AdaptiveController:
+        cfg = parse_adaptive_config(json.dumps({"catchup_horizon": horizon, "guard": False}))
+        ctl = AdaptiveController(cfg, K, num_slots=2)
+        ctl.time_model = model
+        return ctl
+
+    assert controller(16).choose([lagging], [K], [200])[0] == K
+    assert controller(1).choose([lagging], [K], [200])[0] == 0
+    assert controller(1).choose([pending_req(1)], [K])[0] == K
+    long = FEATURES.index("long_catchup")
+    for req, want in ((lagging, 1.0), (pending_req(1), 0.0)):
+        ctl = controller(16)
+        ctl.observe([req], [K], [1], 1e-2, 0)
+        assert ctl.last["x"][long] == want
+    ctl.observe([lagging], [0], [0], 1e-2, 1)  # a plain step never pays it
+    assert ctl.last["x"][long] == 0.0
+    # one long request among two: the step pays the largest share once, not per request
+    x = allocation_features([2, 1], [500, 300], 900, [0.25, 0.5])
+    assert x[long] == 0.5
+    assert allocation_features([0, 1], [500, 1], 900, [1.0, 0.0])[long] == 0.0
 
 
 # ------------------------------------------------------------------------------ estimates

@@ -97,14 +97,15 @@ def test_catchup_probe_with_verify_dearer_than_a_plain_request():
     assert fit.predict(plain) == pytest.approx(true.predict(plain), rel=1e-4)
 
 
-def probe_step(true: StepTimeModel, ctx: int, calls: list | None = None):
-    """run_step(bs, d, catchup=1) of the warm-up sweep, timed by the model `true`."""
+def probe_step(true: StepTimeModel, ctx: int, calls: list | None = None, k: int = 5):
+    """run_step(bs, d, catchup=1) of the warm-up sweep (K = k), timed by the model `true`."""
 
     def run_step(bs: int, d: int, catchup: int = 1) -> float:
         if calls is not None:
             calls.append((bs, d, catchup))
         p = catchup if d else 0
-        return true.predict(allocation_features([d] * bs, [p] * bs, bs * ctx))
+        long = [float(p > k + 1)] * bs
+        return true.predict(allocation_features([d] * bs, [p] * bs, bs * ctx, long))
 
     return run_step
 
@@ -120,7 +121,7 @@ def catchup_errors(true: StepTimeModel, sweep_rel: float) -> dict[int, float]:
     sizes, ctx = [1, 4, 16, 64, 256], 512
     calls: list = []
     run_step = probe_step(true, ctx, calls)
-    catch_up = allocation_features([1] * 100, [200] * 100, 100 * ctx)
+    catch_up = allocation_features([1] * 100, [200] * 100, 100 * ctx, [1.0] * 100)
     sweep = np.stack(
         [step_features(b, b * (1 + d), b * d, d, b * ctx) for b in sizes for d in range(6)]
     )
@@ -132,6 +133,28 @@ def catchup_errors(true: StepTimeModel, sweep_rel: float) -> dict[int, float]:
         errors[probe] = abs(fit.predict(catch_up[None, :])[0] / true.predict(catch_up) - 1)
         assert fit.predict(sweep) == pytest.approx(true.predict(sweep), rel=sweep_rel)
     return errors
+
+
+def test_catchup_probe_fits_a_long_catchups_fixed_cost():
+    """Shaped like the H200 check of the warm-up fit (`warmup_fit_h200_s28.json`, SmolLM2,
+    K = 5): a catch-up beyond the K + 1 positions of the drafting graphs costs a fixed 1.3 ms
+    (eager draft extend, then one replay per draft step) plus little per draft token. The
+    sweep's probes (64 positions at bs 1 to 64) let the fit tell the two apart: catch-ups the
+    probes never ran (200 positions, up to bs 128) are predicted within 5%, and the same
+    catch-ups within the graphs (no long_catchup) stay as exact."""
+    from sglang.srt.speculative.adaptive.warmup import PROFILE_CATCHUP_MAX_TOKENS as cap
+
+    true = synthetic(
+        const=1.1e-3, bs=4e-6, verify_tokens=2e-6, draft_tokens=7e-8, draft_steps=1e-4,
+        spec_on=1.3e-3, kv_tokens=1e-9, draft_reqs=1e-6, long_catchup=1.3e-3,
+    )  # fmt: skip
+    sizes, ctx = [1, 4, 16, 64, 256], 512
+    fit = StepTimeModel(profile_step_time(probe_step(true, ctx), sizes, range(6), ctx, 1, 64, cap))
+    assert fit.coefficients()["long_catchup"] == pytest.approx(1.3e-3, rel=0.05)
+    for bs, p, d in ((1, 64, 1), (16, 200, 1), (128, 200, 1), (128, 200, 5), (8, 6, 5)):
+        for long in (float(p > 6), 0.0):
+            x = allocation_features([d] * bs, [p] * bs, bs * ctx, [long] * bs)
+            assert fit.predict(x) == pytest.approx(true.predict(x), rel=0.05)
 
 
 def sweep_step_s(bs: int, d: int) -> float:
@@ -189,7 +212,7 @@ def test_profile_fit_reproduces_exactly_linear_steps():
     assert fitted.predict(xs) == pytest.approx(true.predict(xs), rel=1e-3)
     # random models, some terms absent, per-request costs below the kv_tokens prior x context
     rng = np.random.default_rng(3)
-    scales = [4e-3, 1e-4, 2e-4, 3e-5, 1e-3, 2e-3, 1e-8, 2e-3]
+    scales = [4e-3, 1e-4, 2e-4, 3e-5, 1e-3, 2e-3, 1e-8, 2e-3, 3e-3]
     for _ in range(60):
         coef = {
             f: float(rng.uniform(0, 1)) * sc * (rng.random() < 0.8)

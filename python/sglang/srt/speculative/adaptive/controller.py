@@ -237,12 +237,14 @@ class AdaptiveController:
             steps = np.full(len(reqs), float(horizon))
         else:
             steps = drafting_steps_left(np.asarray(remaining), alphas, caps_a)
+        h = np.clip(steps, 1.0, float(max(horizon, 1)))  # the steps a catch-up is spread over
         view = BatchView(
             caps=caps_a,
             alphas=alphas,
             pending=amortized_pending(pending, steps, caps_a + 1, horizon),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
+            long_share=np.where(pending > self.k + 1, 1.0 / h, 0.0),  # beyond the K + 1 graphs
         )
         if self.policy.name == "goodput":  # its bound check reads the last solve
             chosen = self.policy.choose(view, self.time_fn, self.time_model.predict_unsolved)
@@ -277,9 +279,10 @@ class AdaptiveController:
         long_catch_up = False  # a request caught up over more than K + 1 positions
         if sum_d:
             pending = [pending_positions(r) for r in reqs]
-            x = allocation_features(draft_lens, pending, kv)
             steady = self.k + 1
-            long_catch_up = any(p > steady for p, d in zip(pending, draft_lens, strict=True) if d)
+            long = [float(p > steady) for p in pending]  # paid in full by this step
+            x = allocation_features(draft_lens, pending, kv, long)
+            long_catch_up = any(q and d for q, d in zip(long, draft_lens, strict=True))
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)
         interval = None  # wall time since the previous decode commit, when consecutive

@@ -33,6 +33,8 @@ cap + 1 (K + 1 at most) and 1/h of the rest (amortized_pending), h = the draftin
 request has left (drafting_steps_left: the tokens it may still generate over a drafting
 step's expected tokens) capped at `catchup_horizon`: spreading a one-time cost C over the h
 steps it enables turns h E / (C + h T) into E / (T + C / h), the rate the policy maximises.
+A catch-up beyond those K + 1 positions also has a fixed cost (it runs outside the drafting
+step's CUDA graphs: the step time model's long_catchup), spread the same way (long_share).
 """
 
 from __future__ import annotations
@@ -57,7 +59,10 @@ class BatchView:
     pending: [n] float64, catch-up positions charged to this step if r drafts (the draft
         extend covers all of r's pending positions; see amortized_pending);
     prev: [n] int64, r's draft length in its previous decode step (-1: none yet);
-    kv_tokens: context tokens of the batch.
+    kv_tokens: context tokens of the batch;
+    long_share: [n] float64, the share of a long catch-up's fixed cost (the step time model's
+        long_catchup) charged to this step if r drafts: 0 when r's catch-up fits the K + 1
+        positions of the drafting graphs, else 1/h as for pending (None: all 0).
     """
 
     caps: np.ndarray
@@ -65,6 +70,11 @@ class BatchView:
     pending: np.ndarray
     prev: np.ndarray
     kv_tokens: int
+    long_share: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.long_share is None:
+            self.long_share = np.zeros(len(self.caps))
 
     @property
     def size(self) -> int:
@@ -160,7 +170,7 @@ class GoodputPolicy:
     @staticmethod
     def rate(view: BatchView, d: np.ndarray, time_fn: TimeFn) -> float:
         """Predicted committed tokens per second of allocation d [n]."""
-        x = allocation_features(d, view.pending, view.kv_tokens)
+        x = allocation_features(d, view.pending, view.kv_tokens, view.long_share)
         t = float(time_fn(x[None, :])[0])
         return expected_batch_tokens(view.alphas, d) / t
 
@@ -223,13 +233,16 @@ class GoodputPolicy:
         n = view.alphas.shape[0]
         first = js == 0
         p_min = float(view.pending[rows[first]].min()) if first.any() else 1.0
+        # the smallest long catch-up share of any request (a lower bound, as p_min, even where
+        # the two minima belong to different requests: every coefficient is non-negative)
+        s_min = float(view.long_share[rows[first]].min()) if first.any() else 0.0
         kv = float(view.kv_tokens)
         x = np.array(  # [4, F] in FEATURES order, one array built at once (a run under load)
             [
-                [1.0, n, n, 0.0, 0.0, 0.0, kv, 0.0],  # nothing drafts
-                [1.0, n, n + 1, p_min, 1.0, 1.0, kv, 1.0],  # one request's first token
-                [1.0, n, n + 2, p_min + 1, 1.0, 1.0, kv, 1.0],  # its second token
-                [1.0, n, n + 2, 2 * p_min, 1.0, 1.0, kv, 2.0],  # another request's first
+                [1.0, n, n, 0.0, 0.0, 0.0, kv, 0.0, 0.0],  # nothing drafts
+                [1.0, n, n + 1, p_min, 1.0, 1.0, kv, 1.0, s_min],  # one request's first token
+                [1.0, n, n + 2, p_min + 1, 1.0, 1.0, kv, 1.0, s_min],  # its second token
+                [1.0, n, n + 2, 2 * p_min, 1.0, 1.0, kv, 2.0, s_min],  # another request's first
             ]
         )
         t0, t1, t_same, t_other = time_fn(x)
@@ -261,6 +274,8 @@ class GoodputPolicy:
         x[:, :, 5] = x[:, :, 4] > 0
         x[:, :, 6] = view.kv_tokens
         x[:, 1:, 7] = np.cumsum(sel & (js == 0), axis=1)  # requests drafting
+        # the largest long catch-up share among the drafting requests (allocation_features)
+        x[:, 1:, 8] = np.maximum.accumulate(sel * view.long_share[rows], axis=1)
         tokens = np.zeros((len(depths), len(rows) + 1))
         tokens[:, 1:] = np.cumsum(sel * gains[rows, js], axis=1)
         rates = (n + tokens) / time_fn(x.reshape(-1, len(FEATURES))).reshape(tokens.shape)

@@ -7,7 +7,7 @@ plain target decode. The model is linear in these features (seconds):
 
     T = c_const + c_bs * bs + c_verify * verify_tokens + c_draft * draft_tokens
         + c_steps * draft_steps + c_spec * spec_on + c_kv * kv_tokens
-        + c_draft_reqs * draft_reqs
+        + c_draft_reqs * draft_reqs + c_long * long_catchup
 
 bs: requests in the step; verify_tokens: sum(1 + d_i); draft_tokens: tokens through the draft
 model (catch-up tokens + sum over drafting requests of d_i - 1); draft_steps: draft forwards
@@ -15,7 +15,18 @@ model (catch-up tokens + sum over drafting requests of d_i - 1); draft_steps: dr
 sampling); kv_tokens: context tokens the batch attends to; draft_reqs: requests with d_i > 0
 (the per-request host work of drafting: catch-up inputs, per-request draft and verify
 bookkeeping; on SmolLM2 / H200 about 1 ms per drafting request, which without this feature
-the fit had to put into `bs`, i.e. into plain steps too).
+the fit had to put into `bs`, i.e. into plain steps too); long_catchup: 1 when a drafting
+request catches up over more than K + 1 positions (a share of 1 where the policy spreads the
+catch-up over the steps it enables, policy.amortized_pending), else 0.
+
+Why long_catchup: the drafting step's CUDA graphs (the whole greedy chain, or the catch-up
+extend) are captured for catch-ups of at most K + 1 tokens per request; a longer catch-up runs
+the draft extend eagerly and then the draft steps one graph replay each. That is a fixed cost,
+nearly independent of the catch-up's length: the H200 check of the warm-up fit
+(`warmup_fit_h200_s28.json`, SmolLM2, K = 5) measured a catch-up over 64 positions at bs 1 at
++1.3 ms over a one-position one (3.58 against 2.24 ms), and over 200 positions at bs 128
+(25,600 draft tokens) at +3.2 ms. Fitted through draft_tokens alone, the first was predicted
+at 0.72x and the second at 1.8x its time.
 
 Online correction: discounted ridge regression towards the prior coefficients (recursive least
 squares with forgetting, regularised by `prior_weight` pseudo observations of the prior).
@@ -63,9 +74,10 @@ FEATURES = (
     "spec_on",
     "kv_tokens",
     "draft_reqs",
+    "long_catchup",
 )
 # Typical magnitudes, to condition the regression (internal only).
-_SCALES = np.array([1.0, 64.0, 256.0, 256.0, 4.0, 1.0, 65536.0, 64.0])
+_SCALES = np.array([1.0, 64.0, 256.0, 256.0, 4.0, 1.0, 65536.0, 64.0, 1.0])
 # A generic prior (seconds per unit) used when nothing was profiled or configured.
 DEFAULT_COEF = {
     "const": 4e-3,
@@ -76,6 +88,7 @@ DEFAULT_COEF = {
     "spec_on": 5e-4,
     "kv_tokens": 1e-8,
     "draft_reqs": 2e-5,
+    "long_catchup": 1e-3,
 }
 
 
@@ -85,10 +98,12 @@ def step_features(
     draft_tokens: int | np.ndarray,
     draft_steps: int | np.ndarray,
     kv_tokens: int | np.ndarray,
+    long_catchup: float | np.ndarray = 0.0,
 ) -> np.ndarray:
     """Feature rows in FEATURES order for steps where every request drafts the same length
     (the warm-up sweep). Scalars give [F]; arrays of shape [m] give [m, F] float64 (spec_on
-    is derived from draft_steps > 0, draft_reqs = bs when drafting, else 0)."""
+    is derived from draft_steps > 0, draft_reqs = bs when drafting, else 0; long_catchup
+    counts only when drafting)."""
     steps = np.asarray(draft_steps, dtype=np.float64)
     cols = [
         np.ones_like(steps),
@@ -99,6 +114,7 @@ def step_features(
         (steps > 0).astype(np.float64),
         np.broadcast_to(np.asarray(kv_tokens, dtype=np.float64), steps.shape),
         np.asarray(bs, dtype=np.float64) * (steps > 0),
+        np.asarray(long_catchup, dtype=np.float64) * (steps > 0),
     ]
     return np.stack(cols, axis=-1)
 
@@ -108,15 +124,21 @@ def plain_step_features(bs: int, kv_tokens: int) -> tuple[float, ...]:
     without the per-request work), as a tuple: every decode step under load builds one, and a
     small numpy array costs several microseconds there (StepTimeModel takes either form)."""
     n = float(bs)
-    return (1.0, n, n, 0.0, 0.0, 0.0, float(kv_tokens), 0.0)
+    return (1.0, n, n, 0.0, 0.0, 0.0, float(kv_tokens), 0.0, 0.0)
 
 
 def allocation_features(
-    draft_lens: Sequence[int] | np.ndarray, pending: Sequence[float] | np.ndarray, kv_tokens: int
+    draft_lens: Sequence[int] | np.ndarray,
+    pending: Sequence[float] | np.ndarray,
+    kv_tokens: int,
+    long_share: Sequence[float] | np.ndarray | None = None,
 ) -> np.ndarray:
     """[F] features of one step where request i drafts draft_lens[i] tokens after catching up
     over pending[i] positions (pending counts only where d_i > 0; float where the policy
-    charges an amortized share of a long catch-up, policy.amortized_pending)."""
+    charges an amortized share of a long catch-up, policy.amortized_pending). long_share [n]:
+    the share of a long catch-up's fixed cost charged to this step if request i drafts (1: its
+    catch-up is over more than K + 1 positions and paid here; 0: none; None: all 0); the step
+    pays the largest share among its drafting requests (one eager catch-up covers them all)."""
     d = np.asarray(draft_lens, dtype=np.int64)
     p = np.asarray(pending, dtype=np.float64)
     on = d > 0
@@ -124,7 +146,12 @@ def allocation_features(
     steps = float(d.max(initial=0))
     n = float(len(d))
     reqs = float(on.sum())
-    return np.array([1.0, n, n + float(d.sum()), draft, steps, float(steps > 0), kv_tokens, reqs])
+    long = 0.0
+    if long_share is not None:
+        long = float(np.asarray(long_share, dtype=np.float64)[on].max(initial=0.0))
+    return np.array(
+        [1.0, n, n + float(d.sum()), draft, steps, float(steps > 0), kv_tokens, reqs, long]
+    )
 
 
 _BS, _SPEC_ON = FEATURES.index("bs"), FEATURES.index("spec_on")
@@ -341,7 +368,8 @@ def fit_coefficients(
        in the warm-up sweep, kv_tokens is proportional to bs: one per-request cost is fitted,
        kv_tokens takes its prior out of it, at most all of it, and bs the rest);
     2. drafting steps, on what stage 1 leaves: verify_tokens through its extra tokens
-       (verify_tokens - bs = sum d_i), draft_tokens, draft_steps, spec_on, draft_reqs; then
+       (verify_tokens - bs = sum d_i), draft_tokens, draft_steps, spec_on, draft_reqs,
+       long_catchup; then
        c_bs -= c_verify so that plain steps keep their stage-1 prediction (a c_verify above
        c_bs is pinned at c_bs and the other drafting columns are refitted on what it leaves).
 
@@ -378,7 +406,17 @@ def fit_coefficients(
         c_kv = min(full["kv_tokens"], per_req / ctx) if ctx > 0 else 0.0
         theta[col["kv_tokens"]] = c_kv * _SCALES[col["kv_tokens"]]
         theta[col["bs"]] = (per_req - c_kv * ctx) * _SCALES[col["bs"]]
-    s2 = [col[f] for f in ("verify_tokens", "draft_tokens", "draft_steps", "spec_on", "draft_reqs")]
+    s2 = [
+        col[f]
+        for f in (
+            "verify_tokens",
+            "draft_tokens",
+            "draft_steps",
+            "spec_on",
+            "draft_reqs",
+            "long_catchup",
+        )
+    ]
     a2 = z[~plain][:, s2].copy()
     # the verify column through its extra tokens only (in units of the verify_tokens scale)
     extra = x[~plain, col["verify_tokens"]] - x[~plain, col["bs"]]
@@ -426,7 +464,9 @@ def profile_step_time(
     (twenty-seventh session) it set draft_tokens to 0.0, so a catch-up over thousands of
     pending positions looked free, and an adaptive SmolLM2 server at c = 256 drafted a step of
     100 requests predicted at 6.1 ms that took 22.9 ms (`spec_drafting_by_bs` of
-    `paired_smollm2_c256_h200_s27.json`)."""
+    `paired_smollm2_c256_h200_s27.json`). A probe longer than K + 1 = max(draft_lens) + 1
+    positions is a long catch-up (long_catchup = 1): with probes at several batch sizes the
+    fit tells its fixed cost from the per-token one."""
     xs, ys = [], []
 
     def timed(shape: tuple, args: tuple) -> None:
@@ -441,10 +481,12 @@ def profile_step_time(
         ys.append(float(np.median(times)))
 
     probe = catchup_probe > 1 and max(draft_lens, default=0) >= 1
+    long = float(catchup_probe > max(draft_lens, default=0) + 1)  # beyond the K + 1 graphs
     for bs in batch_sizes:
         for d in draft_lens:
             timed((bs, bs * (1 + d), bs * d, d, bs * context_len), (bs, d))
         fits = catchup_max_tokens is None or bs * catchup_probe <= catchup_max_tokens
         if probe and fits:  # one draft token after p pending positions: p draft-model tokens
-            timed((bs, 2 * bs, bs * catchup_probe, 1, bs * context_len), (bs, 1, catchup_probe))
+            shape = (bs, 2 * bs, bs * catchup_probe, 1, bs * context_len, long)
+            timed(shape, (bs, 1, catchup_probe))
     return fit_coefficients(np.stack(xs), np.array(ys))
