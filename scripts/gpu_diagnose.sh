@@ -540,6 +540,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
       | grep -E "round|wrote|rror|Trace" | tail -30
     cp "$D"/paired_smollm2_warmup_"$TAG".md "$OUT"/ 2>/dev/null
     grep -h "warm-up sweep" "$D"/plogs/*.log 2>/dev/null | tail -4
+    tar czf "$OUT/plogs_WU_$TAG.tgz" -C "$D" plogs 2>/dev/null
     rm -rf "$D/plogs"
     ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)
