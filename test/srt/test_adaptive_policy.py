@@ -93,6 +93,42 @@ def test_greedy_prefix_matches_brute_force():
         assert GoodputPolicy.rate(v, d, model.predict) == pytest.approx(best, rel=1e-3)
 
 
+def test_long_catch_ups_are_skipped_where_they_do_not_pay():
+    """Requests lagging their draft by up to 40 positions, those beyond K + 1 charged a share
+    of a long catch-up's fixed cost (1, 1/2 or 1/16), under models where that cost is 1 to 10
+    ms: over 600 random batches of 3 the allocation found is the brute-force optimum in 97%
+    (the greedy and request-major orders alone: 90%, 61 misses; a policy blind to the fixed
+    cost: 32%), within 0.2% of it on average and never below 0.84 of it (alone: 0.81; blind:
+    0.22)."""
+    rng = np.random.default_rng(5)
+    models = [
+        synthetic(const=2e-3, verify_tokens=1e-4, draft_steps=3e-4, long_catchup=c, draft_tokens=t)
+        for c in (1e-3, 3e-3, 1e-2)
+        for t in (0.0, 1e-5)
+    ]
+    ratios = []
+    for trial in range(600):
+        pending = rng.integers(1, 40, size=3)
+        v = view(
+            rng.uniform(0.2, 0.99, size=(3, K)),
+            caps=rng.integers(0, K + 1, size=3),
+            pending=pending,
+            long_share=np.where(pending > K + 1, rng.choice([1.0, 0.5, 1 / 16], size=3), 0.0),
+        )
+        model = models[trial % len(models)]
+        d = GoodputPolicy.best_allocation(v, model.predict)
+        best = max(
+            GoodputPolicy.rate(v, np.array(c), model.predict)
+            for c in itertools.product(*[range(c + 1) for c in v.caps])
+        )
+        ratios.append(GoodputPolicy.rate(v, d, model.predict) / best)
+    ratios = np.array(ratios)
+    assert ratios.max() <= 1 + 1e-9
+    assert ratios.min() > 0.83
+    assert ratios.mean() > 0.998
+    assert (ratios > 0.999).mean() >= 0.965
+
+
 def test_per_request_caps_hold():
     caps = [0, 1, 2, 3, 4, 0, 2]
     d = GoodputPolicy().choose(view([0.9] * 7, caps=caps), LIGHT.predict)
