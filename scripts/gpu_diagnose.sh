@@ -111,6 +111,11 @@
 #                                    # no_spec / adaptive / adaptive_rm (recheck_margin 0.8)
 #                                    # paired at c = 256 and 16 (WU_CONC), WU_ROUNDS (6)
 #                                    # rounds, and the servers' warm-up fits
+#   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
+#                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
+#                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
+#                                    # then the 8B pair paired at c = 256 and 1 (3 rounds,
+#                                    # 200,000 KV tokens each so that both servers fit)
 #   bash scripts/gpu_diagnose.sh CV  # whole-chain drafting graphs and Triton verify graphs
 #                                    # (nineteenth session): their GPU tests, then in-process
 #                                    # static K = 1 and 3 at batch 1 (FlashInfer target) with
@@ -125,7 +130,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -541,6 +546,27 @@ for r in json.load(open(sys.argv[1]))['rows']:
     cp "$D"/paired_smollm2_warmup_"$TAG".md "$OUT"/ 2>/dev/null
     grep -h "warm-up sweep" "$D"/plogs/*.log 2>/dev/null | tail -4
     tar czf "$OUT/plogs_WU_$TAG.tgz" -C "$D" plogs 2>/dev/null
+    rm -rf "$D/plogs"
+    ;;
+  LC)  # issue 7: the warm-up fit with long_catchup, then paired runs where adaptive drafts
+    timeout -k 5 "$(box "${LC_FIT_S:-110}")" python3 benchmark/check_warmup_fit.py \
+      --result-file "$D/warmup_fit_$TAG.json" > "$D/warmup_fit_$TAG.log" 2>&1
+    echo "warm-up fit rc=$?"; grep -E "measured_over|long_catchup|draft_tokens" "$D/warmup_fit_$TAG.log" | tail -30
+    cp "$D/warmup_fit_$TAG.json" "$OUT"/ 2>/dev/null
+    # shellcheck disable=SC2086  # LC_CONC is a list of concurrencies
+    timeout -k 10 "$(box "${LC_SMOL_S:-230}")" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive --concurrency ${LC_CONC:-1 4} --rounds "${LC_ROUNDS:-4}" \
+      --cpu-sets 0-6 7-13 --client-cpus 14-15 --deadline-s "$(( $(box "${LC_SMOL_S:-230}") - 15 ))" \
+      --result-file "$D/paired_smollm2_lc_$TAG.json" --log-dir "$D/plogs" 2>&1 \
+      | grep -E "round|wrote|rror|Trace" | tail -20
+    cp "$D"/paired_smollm2_lc_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    timeout -k 10 "$(box 400)" python3 benchmark/paired_serving.py --preset llama8b_dummy \
+      --configs no_spec adaptive --concurrency 256 1 --rounds "${LC_8B_ROUNDS:-3}" \
+      --server-args "--max-total-tokens 200000" --cpu-sets 0-6 7-13 --client-cpus 14-15 \
+      --deadline-s "$(( $(left) - 20 ))" --result-file "$D/paired_llama8b_dummy_$TAG.json" \
+      --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -20
+    cp "$D"/paired_llama8b_dummy_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    tar czf "$OUT/plogs_LC_$TAG.tgz" -C "$D" plogs 2>/dev/null
     rm -rf "$D/plogs"
     ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)
