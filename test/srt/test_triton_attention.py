@@ -419,3 +419,47 @@ def test_engine_greedy_matches_torch_native(tiny_model_dir, monkeypatch):
     assert sorted(got) == [f"r{i}" for i in range(len(PROMPTS))]
     assert all(len(ids) == n for ids in got.values())
     assert got == want
+
+
+@gpu
+def test_extend_kernel_compiles_once_for_any_index_offset():
+    """The per-request index vectors (req_pool_indices, seq_lens, prefix_lens, extend_lens,
+    extend_start) arrive as views into one packed upload whose offsets follow the step's shape
+    (DraftRunner.forward packs T positions first): an odd catch-up moves every one of them off
+    16-byte alignment. On the H200 the first drafting steps of an adaptive SmolLM2 server at c
+    = 1 took 28 ms against 2.6 ms later (`paired_smollm2_lc_h200_s28.json`), a compile's
+    stall. After the first call, aligned and misaligned views reuse the one compiled kernel,
+    and give the same output."""
+    from sglang.srt.layers.attention.triton_ops.extend_attention import (
+        _extend_attn_kernel,
+        extend_attention_fwd,
+    )
+    from sglang.test.triton_interpreter import compiled_variants
+
+    compiled_variants(_extend_attn_kernel)  # skips where Triton keeps no cache to inspect
+    torch.manual_seed(0)
+    h, hkv, d, bs = 8, 2, 64, 3
+    prefix, ext = [5, 17, 40], [3, 1, 6]
+    seq = [p + e for p, e in zip(prefix, ext, strict=True)]
+    t = sum(ext)
+    r2t = torch.randperm(4096, device="cuda")[: 8 * 64].view(8, 64).to(torch.int32)
+    k_buf = torch.randn(4096, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v_buf = torch.randn_like(k_buf)
+    q = torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16)
+    starts = [0, 3, 4]
+    outs, compiled = [], None
+    for i, off in enumerate((0, 1, 3, 0)):
+        # [pad x off, rows, seq, prefix, ext, starts]: every vector at an offset of `off` + k bs
+        packed = torch.tensor([7] * off + [1, 4, 6] + seq + prefix + ext + starts, device="cuda")
+        rows_t, seq_t, prefix_t, ext_t, starts_t = packed[off:].view(5, bs).unbind(0)
+        out = torch.zeros_like(q)
+        extend_attention_fwd(
+            q, k_buf, v_buf, out, r2t, rows_t, seq_t, prefix_t, ext_t, starts_t, 6, d**-0.5
+        )
+        outs.append(out)
+        if i == 0:
+            compiled = compiled_variants(_extend_attn_kernel)
+    torch.cuda.synchronize()
+    assert compiled_variants(_extend_attn_kernel) == compiled
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "lens_ptr"])  # package docstring
 def _verify_greedy_kernel(
     predict_ptr,  # [R] int64 target argmax of every verify row
     ids_ptr,  # [R] int64 verify input (each request: its last token, then its drafts)

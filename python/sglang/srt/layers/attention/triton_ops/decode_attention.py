@@ -79,7 +79,9 @@ def _attend_range(
     return m_i, l_i, acc
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize_on_alignment=["req_pool_indices", "seq_lens"]
+)  # as extend_attention.py
 def _decode_attn_kernel(
     Q,  # [bs, H, D]
     K_buf,  # [pool_slots, Hkv, D]
@@ -128,7 +130,9 @@ def _decode_attn_kernel(
     tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize_on_alignment=["req_pool_indices", "seq_lens"]
+)  # as extend_attention.py
 def _decode_attn_split_kernel(
     Q,  # [bs, H, D]
     K_buf,  # [pool_slots, Hkv, D]

@@ -84,7 +84,9 @@ def _rotate_rows(x, partner, cos, sin, sgn, dtype: tl.constexpr):
     return round_to(o, dtype)
 
 
-@triton.jit
+@triton.jit(  # index vectors: as extend_attention.py
+    do_not_specialize_on_alignment=["req_pool_indices", "seq_lens", "pos_ptr", "loc_ptr"]
+)
 def _grouped_decode_kernel(
     Q,  # [bs, H, D]
     K_buf,  # [pool_slots, Hkv, D]

@@ -16,7 +16,15 @@ import triton.language as tl
 from sglang.srt.layers.attention.triton_ops import token_head_strides
 
 
-@triton.jit
+# Per-request index vectors are read one element per program and are views at offsets that
+# follow the step's shape (a packed upload: positions first, so T's parity moves the rest):
+# not specialized on alignment, or a catch-up of an odd token count compiles a new variant
+# mid-serving (triton_kernels package docstring, "Variants").
+@triton.jit(
+    do_not_specialize_on_alignment=[
+        "req_pool_indices", "seq_lens", "prefix_lens", "extend_lens", "extend_start"
+    ]
+)  # fmt: skip
 def _extend_attn_kernel(
     Q,  # [num_tokens, H, D]
     K_buf,  # [pool_slots, Hkv, D]
