@@ -28,7 +28,9 @@ arguments that change from step to step are not specialized: index vectors read 
 at a time (positions, KV slots, seeds), which are views at offsets that follow the step's
 shape, and counts that follow the batch size (``do_not_specialize``,
 ``do_not_specialize_on_alignment``). attention/paged_layout.py's page-list kernel, whose
-variants the H200 measured being compiled under load, does the same.
+variants the H200 measured being compiled under load, does the same, and so do the Triton
+attention and greedy verify kernels for their per-request index vectors (a draft catch-up
+over an odd number of positions moved them off alignment: docs/gpu_fast_path.md).
 """
 
 from __future__ import annotations
