@@ -29,9 +29,12 @@ logger = logging.getLogger(__name__)
 # Pending positions per request of the warm-up sweep's catch-up steps (profile_step_time's
 # catchup_probe; capped by the sweep's context length): what tells the draft model's tokens
 # from the verify's in the fit; only at the batch sizes whose catch-up extend has at most
-# PROFILE_CATCHUP_MAX_TOKENS tokens (64 x 64; bs 256 would be 16,384, twice the default chunked
-# prefill, a start-up activation peak outside --mem-fraction-static).
-PROFILE_CATCHUP = 64
+# PROFILE_CATCHUP_MAX_TOKENS tokens (63 x 64; bs 256 would be 16,128, twice the default chunked
+# prefill, a start-up activation peak outside --mem-fraction-static). Odd, so that the probes'
+# catch-ups (63 x bs tokens) have odd and even token counts, as real ones do: a kernel that
+# still specialized on them would compile its variants here rather than while serving (the
+# attention kernels' index vectors did until the twenty-eighth session: docs/gpu_fast_path.md).
+PROFILE_CATCHUP = 63
 PROFILE_CATCHUP_MAX_TOKENS = 4096
 
 
