@@ -1,6 +1,7 @@
-"""Adaptive speculation (issue 7): the step-time model (step_time_model.py): online correction
-towards a changed model, the warm-up profile sweep and its two-stage fit, buffered updates
-against the one-at-a-time reference, and learning while no policy reads the model."""
+"""Adaptive speculation (issue 7): the step-time model (step_time_model.py, step_time_fit.py):
+online correction towards a changed model, the warm-up profile sweep and its two-stage fit,
+buffered updates against the one-at-a-time reference, and learning while no policy reads the
+model."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import random
 import numpy as np
 import pytest
 
+from sglang.srt.speculative.adaptive.step_time_fit import profile_step_time
 from sglang.srt.speculative.adaptive.step_time_model import (
     FEATURES,
     StepTimeModel,
     allocation_features,
     plain_step_features,
-    profile_step_time,
     step_features,
 )
 from sglang.test.adaptive_sim import (

@@ -21,7 +21,7 @@ from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo, SamplingRow
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.speculative.adaptive.step_time_model import profile_step_time
+from sglang.srt.speculative.adaptive.step_time_fit import profile_step_time
 from sglang.srt.speculative.spec_info import SpecPlan
 
 logger = logging.getLogger(__name__)
