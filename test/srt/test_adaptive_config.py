@@ -106,3 +106,23 @@ def test_server_args_validation():
     a.speculative_adaptive_config = '{"policy": "fixed", "fixed_k": 3}'
     resolve_speculative_args(a, bundled=False)
     assert a.speculative_num_steps == 3
+    # a configured tiers table beyond K too (a new-user helper found it accepted while fixed_k
+    # was refused); the default table, which drafts 3 at batch 1, is capped at K instead
+    a.speculative_adaptive_config = '{"policy": "tiers", "tiers": {"1": 9, "8": 2}}'
+    msg = r"'tiers' draft lengths \{1: 9\} exceed --speculative-num-steps 3"
+    with pytest.raises(ValueError, match=msg):
+        resolve_speculative_args(a, bundled=False)
+    a = ServerArgs(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path="/x",
+        speculative_num_steps=2,
+        speculative_adaptive=True,
+        speculative_adaptive_config='{"policy": "tiers"}',
+    )
+    resolve_speculative_args(a, bundled=False)
+    # a back-off ceiling below the first back-off
+    with pytest.raises(ValueError, match="'guard_backoff_max' 10 is below 'guard_backoff' 1000"):
+        parse_adaptive_config('{"guard_backoff": 1000, "guard_backoff_max": 10}')
+    assert (
+        parse_adaptive_config('{"guard_backoff": 64, "guard_backoff_max": 64}').guard_backoff == 64
+    )

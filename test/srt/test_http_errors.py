@@ -389,6 +389,12 @@ def test_engine_errors_use_the_routes_field_names(server):
     assert "new_tokens" not in err["message"]
     err = _assert_openai_error(_send(server, GEN, gen(min_new_tokens=5)), 400, "min_new_tokens")
     assert err["param"] == "min_new_tokens"
+    # a completions prompt of token ids reaches the engine as input_ids
+    err = _assert_openai_error(_send(server, COMP, comp(prompt=[99999999])), 400, "token ids")
+    assert err["param"] == "prompt" and "input_ids" not in err["message"]
+    body = {"input_ids": [99999999], "sampling_params": {"max_new_tokens": 2}}
+    err = _assert_openai_error(_send(server, GEN, body), 400, "token ids")
+    assert err["param"] == "input_ids"
 
 
 def test_chat_max_tokens_must_be_positive(server):

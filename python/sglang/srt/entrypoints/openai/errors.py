@@ -106,18 +106,22 @@ def from_engine_exception(
 
 def _route_names(message: str, max_tokens_field: str) -> str:
     """An engine message in the route's field names: the OpenAI routes (max_tokens_field
-    max_tokens / max_completion_tokens) call the engine's max_new_tokens, min_new_tokens and
-    sampling_seed max_tokens (or max_completion_tokens), min_tokens and seed; /generate
-    (max_new_tokens) keeps the engine's names."""
+    max_tokens / max_completion_tokens) call the engine's max_new_tokens, min_new_tokens,
+    sampling_seed and input_ids max_tokens (or max_completion_tokens), min_tokens, seed and
+    prompt (a completions prompt of token ids becomes input_ids); /generate (max_new_tokens)
+    keeps the engine's names."""
     if max_tokens_field == "max_new_tokens":
         return message
     names = {
         "max_new_tokens": max_tokens_field,
         "min_new_tokens": "min_tokens",
         "sampling_seed": "seed",
+        "input_ids": "prompt",
     }
     return re.sub(
-        r"\b(max_new_tokens|min_new_tokens|sampling_seed)\b", lambda m: names[m[1]], message
+        r"\b(max_new_tokens|min_new_tokens|sampling_seed|input_ids)\b",
+        lambda m: names[m[1]],
+        message,
     )
 
 

@@ -63,13 +63,15 @@ from sglang.srt.speculative.adaptive.step_time_model import FEATURES
 
 FLAG = "--speculative-adaptive-config"
 POLICIES = ("goodput", "fixed", "tiers")  # keys of _FACTORIES
+# batch-size threshold -> draft length of the tiers baseline (upstream-like; capped at K)
+DEFAULT_TIERS = {1: 3, 8: 2, 32: 1, 64: 0}
 
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
     policy: str = "goodput"
     fixed_k: int | None = None
-    tiers: dict[int, int] = field(default_factory=lambda: {1: 3, 8: 2, 32: 1, 64: 0})
+    tiers: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_TIERS))
     hysteresis: float = 0.02
     recheck_every: int = 4
     recheck_max: int = 32
@@ -229,7 +231,13 @@ def parse_adaptive_config(value: str | None) -> AdaptiveConfig:
     unknown = sorted(set(raw) - set(_CHECKS))
     if unknown:
         raise _err(f"unknown keys {unknown}; known: {sorted(_CHECKS)}")
-    return AdaptiveConfig(**{k: _CHECKS[k](v) for k, v in raw.items()})
+    cfg = AdaptiveConfig(**{k: _CHECKS[k](v) for k, v in raw.items()})
+    if cfg.guard_backoff_max < cfg.guard_backoff:
+        raise _err(
+            f"'guard_backoff_max' {cfg.guard_backoff_max} is below 'guard_backoff' "
+            f"{cfg.guard_backoff} (the first back-off)"
+        )
+    return cfg
 
 
 _FACTORIES = {
@@ -241,9 +249,12 @@ _FACTORIES = {
 
 def build_policy(cfg: AdaptiveConfig, k: int) -> GoodputPolicy | FixedKPolicy | TierPolicy:
     """The draft-length policy named by cfg.policy, for server draft length K = k. Raises
-    ValueError when fixed_k exceeds K, whatever the policy (a value that could never apply is
-    a mistake in the config; tier lengths above K are capped at K like every draft length: the
-    default table drafts 3 at batch 1 also when K < 3)."""
+    ValueError when fixed_k, or a draft length of a configured tiers table, exceeds K, whatever
+    the policy (a value that could never apply is a mistake in the config; the default table's
+    lengths are capped at K like every draft length: it drafts 3 at batch 1 also when K < 3)."""
     if cfg.fixed_k is not None and cfg.fixed_k > k:
         raise _err(f"'fixed_k' {cfg.fixed_k} exceeds --speculative-num-steps {k}")
+    if cfg.tiers != DEFAULT_TIERS and max(cfg.tiers.values()) > k:
+        bad = {bs: d for bs, d in cfg.tiers.items() if d > k}
+        raise _err(f"'tiers' draft lengths {bad} exceed --speculative-num-steps {k}")
     return _FACTORIES[cfg.policy](cfg, k)
