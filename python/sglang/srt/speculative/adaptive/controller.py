@@ -23,6 +23,7 @@ from sglang.srt.speculative.adaptive.policy import (
     BatchView,
     amortized_pending,
     drafting_steps_left,
+    spread_steps,
 )
 from sglang.srt.speculative.adaptive.registry import AdaptiveConfig, build_policy
 from sglang.srt.speculative.adaptive.step_time_model import (
@@ -237,14 +238,14 @@ class AdaptiveController:
             steps = np.full(len(reqs), float(horizon))
         else:
             steps = drafting_steps_left(np.asarray(remaining), alphas, caps_a)
-        h = np.clip(steps, 1.0, float(max(horizon, 1)))  # the steps a catch-up is spread over
         view = BatchView(
             caps=caps_a,
             alphas=alphas,
             pending=amortized_pending(pending, steps, caps_a + 1, horizon),
             prev=self.prev[slots],
             kv_tokens=sum(r.kv_len for r in reqs),
-            long_share=np.where(pending > self.k + 1, 1.0 / h, 0.0),  # beyond the K + 1 graphs
+            # beyond the K + 1 positions of the drafting graphs: spread as the positions are
+            long_share=np.where(pending > self.k + 1, 1.0 / spread_steps(steps, horizon), 0.0),
         )
         if self.policy.name == "goodput":  # its bound check reads the last solve
             chosen = self.policy.choose(view, self.time_fn, self.time_model.predict_unsolved)

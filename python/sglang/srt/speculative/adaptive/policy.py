@@ -81,6 +81,13 @@ class BatchView:
         return len(self.caps)
 
 
+def spread_steps(steps_left: np.ndarray, horizon: int) -> np.ndarray:
+    """[n] float64 h = min(max(steps_left, 1), horizon): the drafting steps a long catch-up's
+    one-time cost (its positions beyond cap + 1, and its fixed cost, long_share) is spread
+    over (see the module docstring)."""
+    return np.clip(np.asarray(steps_left, dtype=np.float64), 1.0, float(max(horizon, 1)))
+
+
 def amortized_pending(
     pending: np.ndarray, steps_left: np.ndarray, steady: np.ndarray | int, horizon: int
 ) -> np.ndarray:
@@ -90,8 +97,7 @@ def amortized_pending(
     catch-up at most) in full, the rest spread over h = min(max(steps_left, 1), horizon)
     steps (see the module docstring). horizon 1 charges everything to this step."""
     p = np.asarray(pending, dtype=np.float64)
-    h = np.clip(np.asarray(steps_left, dtype=np.float64), 1.0, float(max(horizon, 1)))
-    return np.minimum(p, steady) + np.maximum(p - steady, 0.0) / h
+    return np.minimum(p, steady) + np.maximum(p - steady, 0.0) / spread_steps(steps_left, horizon)
 
 
 def drafting_steps_left(
