@@ -19,6 +19,11 @@ def test_config_parsing_and_validation(tmp_path):
     path.write_text(json.dumps({"policy": "fixed", "fixed_k": 2}))
     assert parse_adaptive_config(str(path)).fixed_k == 2
     assert parse_adaptive_config(None).policy == "goodput"
+    assert parse_adaptive_config("{}") == parse_adaptive_config(None)
+    # an empty value (e.g. --speculative-adaptive-config "$UNSET") is refused, not the defaults
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match="--speculative-adaptive-config: got an empty value"):
+            parse_adaptive_config(empty)
     for bad in ('{"policy": "fixed"', '{"polcy": "fixed"}', '{"policy": "x"}', "[1]", "nope"):
         with pytest.raises(ValueError, match="--speculative-adaptive-config"):
             parse_adaptive_config(bad)

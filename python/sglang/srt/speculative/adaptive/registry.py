@@ -212,10 +212,16 @@ def _raise(msg: str) -> Any:
 
 def parse_adaptive_config(value: str | None) -> AdaptiveConfig:
     """Parse --speculative-adaptive-config (inline JSON, or a path to a JSON file; None gives
-    the defaults). Raises ValueError naming the flag on unreadable files, bad JSON, unknown
-    keys or out-of-range values."""
-    if value is None or not value.strip():
+    the defaults; so does "{}"). Raises ValueError naming the flag on an empty or blank value
+    (e.g. an unset shell variable: the defaults were probably not what was meant), unreadable
+    files, bad JSON, unknown keys or out-of-range values."""
+    if value is None:
         return AdaptiveConfig()
+    if not value.strip():
+        raise _err(
+            f"got an empty value {value!r}; omit the flag (or pass '{{}}') for the defaults, "
+            "or give a JSON object or the path of a file holding one"
+        )
     text = value
     if not value.lstrip().startswith(("{", "[")):
         if not os.path.isfile(value):
