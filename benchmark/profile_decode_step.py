@@ -162,6 +162,9 @@ def one_mode(a: argparse.Namespace) -> dict:
     out["decode_thread_cpu_share"] = cpu_share(cpu0, thread_cpu_seconds(), wall)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
+        if a.cprofile_dir:  # the whole table, for a function-by-function diff of two modes
+            os.makedirs(a.cprofile_dir, exist_ok=True)
+            prof.dump_stats(os.path.join(a.cprofile_dir, f"{a.mode}_{os.getpid()}.prof"))
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
         out["scheduler_thread_cprofile_top30"] = text.getvalue().splitlines()
@@ -244,6 +247,11 @@ def main() -> None:
     p.add_argument("--spec-k", type=int, default=1, help="K of mode static_sync")
     p.add_argument("--draft-path", default=None, help="EAGLE-3 draft of mode adaptive")
     p.add_argument("--cprofile", action="store_true", help="profile the scheduler thread")
+    p.add_argument(
+        "--cprofile-dir",
+        default=None,
+        help="with --cprofile: also dump each mode's pstats as DIR/<mode>_<pid>.prof",
+    )
     p.add_argument("--ttft-rounds", type=int, default=0, help="TTFT of N extra requests")
     p.add_argument("--torch-profile", action="store_true", help="op tables of 3 TTFT rounds")
     p.add_argument("--kernel-table", action="store_true", help="CUDA kernels of 8 replays")
