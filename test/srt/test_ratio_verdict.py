@@ -21,6 +21,7 @@ from ratio_verdict import (  # noqa: E402
     verdict,
     verdict_markdown,
     verdicts,
+    widest,
     with_instance_spread,
 )
 
@@ -159,3 +160,27 @@ def test_markdown_table_and_paired_serving_appends_it():
     no_twin = {**result, "settings": {**result["settings"], "configs": ["no_spec", "adaptive"]}}
     assert "server-instance effects are not included" in verdict_markdown(no_twin)[0]
     assert verdict_markdown({**result, "points": []}) == []
+
+
+def test_a_lucky_twin_does_not_narrow_the_verdict_below_the_rounds_spread():
+    """The twenty-ninth session's H200 run at c = 1 (SmolLM2, CPU sets rotated): identical
+    servers ranged 715-1312 tok/s between rounds, but the twin's geometric mean came out
+    0.993, so the instance-aware bounds alone (0.877-0.957) said "below" while the rounds
+    scatter over 0.790-1.062. The verdict uses the wider of the two: open."""
+    tput = {
+        "no_spec": [1007, 1178, 808, 887, 857, 933],
+        "adaptive": [786, 1043, 958, 603, 966, 877],
+        "no_spec_b": [1062, 1040, 830, 825, 715, 1312],
+    }
+    pts = [_pt(1, r, n, v) for n, vs in tput.items() for r, v in enumerate(vs)]
+    result = {"settings": {"configs": ["no_spec", "adaptive", "no_spec_b"]}, "points": pts}
+    (row,) = verdicts(result, 0.97)
+    assert row["instance_upper"] < 0.97  # the twin's interval alone: "below"
+    assert row["lower"] < 0.97 < row["upper"]  # the rounds': open
+    assert row["verdict"] == "open"
+    # where the twin's interval is the wider one, it still decides (a persistently slow
+    # instance, test_instance_spread_covers_a_server_that_is_persistently_slow)
+    b = {"lower": 0.8, "upper": 1.2}
+    assert widest(b, {"lower": 0.84, "upper": 0.86}) == b
+    assert widest(b, {"lower": None, "upper": None}) == b
+    assert widest(b, {"lower": 0.7, "upper": 0.9}) == {"lower": 0.7, "upper": 1.2}
