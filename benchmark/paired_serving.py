@@ -63,6 +63,7 @@ from typing import Any
 
 from bench_common import error_record, run_meta, write_json
 from bench_server import Server, log_tail, parse_cpu_list
+from host_probe import HostProbe, host_adjusted_ratio, log_correlation
 from ratio_verdict import verdict_markdown
 from sweep_presets import config_flags
 from sweep_serving import (
@@ -157,6 +158,24 @@ def summarize(points: list[dict], configs: list[str]) -> list[dict]:
                 and (t := by_key.get((c, twin), {}).get(r))
                 and b["output_throughput"] * t["output_throughput"] > 0
             ]
+            probed = [p for p in runs.values() if p.get("host_probe_us")]
+            if probed:  # host speed while the points ran (paired_serving --host-probe-cpu)
+                row["host_probe_us_median"] = statistics.median(p["host_probe_us"] for p in probed)
+                corr = log_correlation(
+                    [p["output_throughput"] for p in probed], [p["host_probe_us"] for p in probed]
+                )
+                if corr is not None:  # strongly negative: the probe explains the drift
+                    row["host_probe_log_corr"] = corr
+            adjusted = [
+                x
+                for r, p in runs.items()
+                if (b := by_key.get((c, base), {}).get(r))
+                and (x := host_adjusted_ratio(p, b)) is not None
+            ]
+            if adjusted and name != base:
+                row["ratio_host_adjusted_median"] = statistics.median(adjusted)
+                row["ratio_host_adjusted_min"] = min(adjusted)
+                row["ratio_host_adjusted_max"] = max(adjusted)
             if twins:
                 row["ratio_to_twins_median"] = statistics.median(twins)
                 row["ratio_to_twins_min"], row["ratio_to_twins_max"] = min(twins), max(twins)
@@ -220,9 +239,16 @@ def markdown(result: dict) -> str:
     if twins:  # one more column: the ratio to both A/A twins (summarize)
         lines[4] += f" ratio to {configs[0]} and its twin (geometric mean) |"
         lines[5] += "---|"
+    probed = any("host_probe_us_median" in r for r in result["summary"])
+    if probed:  # host_probe.py: the host's speed in each point, and ratios per unit of it
+        lines[4] += (
+            " host probe us (median) | corr(log tok/s, log probe) "
+            "| ratio per unit of host speed (median, min-max) |"
+        )
+        lines[5] += "---|---|---|"
     for r in result["summary"]:
         if not r["rounds"]:
-            empty = " - |" * (8 if twins else 7)
+            empty = " - |" * (7 + twins + 3 * probed)
             lines.append(f"| {r['concurrency']} | {r['config']} | 0 |{empty}")
             continue
         host = "-"
@@ -249,6 +275,13 @@ def markdown(result: dict) -> str:
         )
         if twins:
             line += f" {_ratio_cell(r, 'ratio_to_twins')} |"
+        if probed:
+            us = r.get("host_probe_us_median")
+            corr = r.get("host_probe_log_corr")
+            line += (
+                f" {'-' if us is None else f'{us:.0f}'} | {'-' if corr is None else f'{corr:.2f}'}"
+                f" | {_ratio_cell(r, 'ratio_host_adjusted')} |"
+            )
         lines.append(line)
     judged = verdict_markdown(result)  # the 0.97 goal, with the noise the run itself shows
     if judged:
@@ -264,6 +297,7 @@ class PairedRun:
         self.args, self.preset, self.result = args, preset, result
         self.sweep = Sweep(args, preset, result)  # prompts count, dummy draft, deadline
         self.servers: dict[str, Server] = {}
+        self.probe: HostProbe | None = None
 
     def save(self) -> None:
         self.result["summary"] = summarize(self.result["points"], self.args.configs)
@@ -304,6 +338,8 @@ class PairedRun:
         return self.sweep.deadline - time.monotonic()
 
     def run(self) -> None:
+        if self.args.host_probe_cpu is not None:  # host speed through the run (host_probe.py)
+            self.probe = HostProbe(self.args.host_probe_cpu).start()
         try:
             if not self.start_servers():
                 return
@@ -315,6 +351,8 @@ class PairedRun:
         finally:
             for server in self.servers.values():
                 server.stop()
+            if self.probe is not None:
+                self.probe.stop()
 
     def point(self, name: str, c: int, r: int, n: int) -> None:
         point: dict[str, Any] = {"concurrency": c, "round": r, "config": name, "num_prompts": n}
@@ -329,7 +367,12 @@ class PairedRun:
         if left < MIN_POINT_S or server.proc.poll() is not None:
             point.update(status="skipped", reason="deadline" if left < MIN_POINT_S else "dead")
             return
+        t0 = time.time()
         self.sweep.run_point(server, f"{name} round {r}", point, left)  # as a sweep's point
+        if self.probe is not None:  # the host's speed while the point ran
+            w = self.probe.window(t0, time.time())
+            point["host_probe_us"] = w["median_us"] if w else None
+            point["host_probe_units"] = w["units"] if w else 0
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -361,6 +404,14 @@ def main(argv: list[str] | None = None) -> dict:
         "the cores that another one had (in the thirteenth session an A/A server differed by "
         "up to 1.3x from its twin in one round)",
     )
+    p.add_argument(
+        "--host-probe-cpu",
+        type=int,
+        default=None,
+        help="run host_probe.py's worker on this CPU (one no server or client uses): each "
+        "point records the host's speed while it ran (host_probe_us), and the tables add "
+        "ratios adjusted for it",
+    )
     p.set_defaults(min_prompts=24, prompts_per_concurrency=8)  # longer points (docstring)
     args = p.parse_args(argv)
     if args.config_budget_s is not None:
@@ -373,6 +424,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"a paired comparison needs >= 2 configurations, got {args.configs}")
     if len(set(args.configs)) < len(args.configs):  # one server per name: a repeat would leak
         raise SystemExit(f"--configs names a configuration twice: {args.configs}")
+    if args.host_probe_cpu is not None and args.host_probe_cpu not in os.sched_getaffinity(0):
+        raise SystemExit(f"--host-probe-cpu {args.host_probe_cpu} is not a CPU of this machine")
     if args.rotate_cpu_sets and not args.cpu_sets:
         raise SystemExit("--rotate-cpu-sets needs --cpu-sets")
     if args.cpu_sets is not None and len(args.cpu_sets) != len(args.configs):
@@ -398,7 +451,7 @@ def main(argv: list[str] | None = None) -> dict:
             "preset", "configs", "concurrency", "rounds", "output_len", "min_prompts",
             "prompts_per_concurrency", "max_prompts", "dataset", "dataset_path",
             "chat_template", "server_args", "deadline_s", "cpu_sets", "client_cpus",
-            "rotate_cpu_sets", "order",
+            "rotate_cpu_sets", "order", "host_probe_cpu",
         )
     }  # fmt: skip
     settings["model_flags"] = preset.model_flags

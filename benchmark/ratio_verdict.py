@@ -52,6 +52,8 @@ import json
 import math
 import statistics
 
+from host_probe import host_adjusted_ratio
+
 # One-sided 95% quantiles of Student's t for 1..30 degrees of freedom (standard tables).
 T95 = (
     6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
@@ -155,20 +157,31 @@ def widest(instance: dict, rounds: dict) -> dict:
     return {"lower": lo, "upper": hi}
 
 
-def paired_ratios(points: list[dict], base: str, config: str, c: int) -> list[float]:
+def paired_ratios(
+    points: list[dict], base: str, config: str, c: int, host_adjusted: bool = False
+) -> list[float]:
     """Per round, config's output tok/s over base's at concurrency c (rounds where both are ok
-    and base's is > 0), in round order."""
+    and base's is > 0), in round order. host_adjusted: each per unit of host speed
+    (host_probe.host_adjusted_ratio; rounds where either point lacks a probe time are left
+    out)."""
     by = {}
     for p in points:
         if p.get("status") == "ok" and p["concurrency"] == c:
-            by[(p["config"], p["round"])] = p["output_throughput"]
+            by[(p["config"], p["round"])] = p
     rounds = sorted({r for (name, r) in by if name == config})
-    return [
-        by[(config, r)] / by[(base, r)] for r in rounds if by.get((base, r)) and by[(config, r)] > 0
-    ]
+    out = []
+    for r in rounds:
+        b, p = by.get((base, r)), by[(config, r)]
+        if host_adjusted:
+            x = host_adjusted_ratio(p, b) if b is not None else None
+            if x is not None:
+                out.append(x)
+        elif b is not None and b["output_throughput"] and p["output_throughput"] > 0:
+            out.append(p["output_throughput"] / b["output_throughput"])
+    return out
 
 
-def verdicts(result: dict, goal: float) -> list[dict]:
+def verdicts(result: dict, goal: float, host_adjusted: bool = False) -> list[dict]:
     """One row per (concurrency, configuration other than the base and its twin) of a
     paired_serving.py result: its rounds-only interval (ratio_interval), the instance-aware
     bounds when the run has an A/A twin (`instance_lower` / `instance_upper`,
@@ -179,14 +192,17 @@ def verdicts(result: dict, goal: float) -> list[dict]:
     twin = f"{base}_b" if f"{base}_b" in configs else None
     points = result.get("points", [])
     concurrencies = sorted({p["concurrency"] for p in points})
-    twin_by_c = {c: paired_ratios(points, base, twin, c) if twin else [] for c in concurrencies}
+    twin_by_c = {
+        c: paired_ratios(points, base, twin, c, host_adjusted) if twin else []
+        for c in concurrencies
+    }
     spread = instance_spread([statistics.geometric_mean(r) for r in twin_by_c.values() if r])
     rows = []
     for c in concurrencies:
         for name in configs:
             if name in (base, twin):
                 continue
-            ratios = paired_ratios(points, base, name, c)
+            ratios = paired_ratios(points, base, name, c, host_adjusted)
             if not ratios:
                 continue
             iv = ratio_interval(ratios, twin_by_c[c])
@@ -210,13 +226,26 @@ def _bound(x: float | None) -> str:
 
 def verdict_markdown(result: dict, goal: float = 0.97) -> list[str]:
     """Markdown lines: a table of verdicts() against `goal` ([] when there is nothing to judge)."""
-    rows = verdicts(result, goal)
+    lines = _verdict_table(result, goal, False)
+    if lines and any(p.get("host_probe_us") for p in result.get("points", [])):
+        lines += ["", *_verdict_table(result, goal, True)]
+    return lines
+
+
+def _verdict_table(result: dict, goal: float, host_adjusted: bool) -> list[str]:
+    rows = verdicts(result, goal, host_adjusted)
     if not rows:
         return []
     base = result["settings"]["configs"][0]
     inst = "instance_lower" in rows[0]
+    what = "ratio to"
+    if host_adjusted:
+        what = (
+            "per unit of host speed (host_probe.py: for points where the scheduler's core is "
+            "busy throughout), ratio to"
+        )
     lines = [
-        f"Against the {goal} goal (ratio to {base}, geometric mean of the rounds, one-sided 95% "
+        f"Against the {goal} goal ({what} {base}, geometric mean of the rounds, one-sided 95% "
         "bounds; benchmark/ratio_verdict.py). Rounds only: the rounds' spread"
         + (
             f"; with instances: the A/A twin's error over {rows[0]['instance_dof']} "

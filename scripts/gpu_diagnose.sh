@@ -111,6 +111,9 @@
 #                                    # no_spec / adaptive / adaptive_rm (recheck_margin 0.8)
 #                                    # paired at c = 256 and 16 (WU_CONC), WU_ROUNDS (6)
 #                                    # rounds, and the servers' warm-up fits
+#   bash scripts/gpu_diagnose.sh HP  # host_probe.py (twenty-ninth session): SmolLM2
+#                                    # no_spec / adaptive / twin at c = HP_CONC (1 4), HP_ROUNDS
+#                                    # (6) rounds, CPU sets rotated, the probe on CPU 15
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -130,7 +133,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -567,6 +570,20 @@ for r in json.load(open(sys.argv[1]))['rows']:
       --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -20
     cp "$D"/paired_llama8b_dummy_"$TAG".{md,json} "$OUT"/ 2>/dev/null
     tar czf "$OUT/plogs_LC_$TAG.tgz" -C "$D" plogs 2>/dev/null
+    rm -rf "$D/plogs"
+    ;;
+  HP)  # issue 7 (twenty-ninth session): SmolLM2 no_spec / adaptive / A/A twin at c = HP_CONC
+    # (1 4), CPU sets rotated, with host_probe.py on CPU 15: are host-bound points' ratios
+    # per unit of host speed steadier than raw ones (identical servers 715-1312 tok/s at c = 1)?
+    # shellcheck disable=SC2086  # HP_CONC is a list of concurrencies
+    timeout -k 10 "$(box 540)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive no_spec_b --add-config no_spec_b= --concurrency ${HP_CONC:-1 4} \
+      --rounds "${HP_ROUNDS:-6}" --cpu-sets 0-4 5-9 10-13 --client-cpus 14 --host-probe-cpu 15 \
+      --rotate-cpu-sets --deadline-s "$(( $(left) - 20 ))" \
+      --result-file "$D/paired_smollm2_probe_$TAG.json" --log-dir "$D/plogs" 2>&1 \
+      | grep -E "round|wrote|rror|Trace" | tail -30
+    cp "$D"/paired_smollm2_probe_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    tar czf "$OUT/plogs_HP_$TAG.tgz" -C "$D" plogs 2>/dev/null
     rm -rf "$D/plogs"
     ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)

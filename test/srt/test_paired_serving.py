@@ -161,6 +161,7 @@ def test_markdown_says_what_was_not_measured():
         (["--configs", "no_spec", "adaptive", "--concurrency", "0"], ">= 1"),
         (["--configs", "no_spec", "adaptive", "--rounds", "0"], ">= 1"),
         (["--configs", "no_spec"], ">= 2"),
+        (["--configs", "no_spec", "adaptive", "--host-probe-cpu", "100000"], "not a CPU"),
     ],
 )
 def test_bad_arguments_stop_before_any_server(argv, why, tmp_path):
