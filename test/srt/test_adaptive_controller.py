@@ -450,6 +450,40 @@ def test_controller_learns_wall_intervals(monkeypatch):
         assert c.info()["spec_forward_time_s"] == pytest.approx(1e-3)
 
 
+def test_plain_steps_after_plain_ones_are_timed_once_in_eight(monkeypatch):
+    """wants_forward_time: a plain step that follows a plain one is timed once in
+    OVERHEAD_SAMPLE_EVERY; every other step always (the first plain step after a drafting step
+    or a prefill, a drafting step, and every step without count_overhead). An untimed step
+    (forward time None) is still measured by its wall interval and feeds the model and the
+    guard, but not the overhead EMA; without an interval it is no sample at all."""
+    from sglang.srt.speculative.adaptive import controller as ctl
+
+    n = ctl.OVERHEAD_SAMPLE_EVERY
+    c = ctl.AdaptiveController(parse_adaptive_config(None), K, num_slots=1)
+    got = [c.wants_forward_time(True, True) for _ in range(2 * n + 1)]
+    assert got == ([True] + [False] * (n - 1)) * 2 + [True]
+    assert c.wants_forward_time(True, False) and c.wants_forward_time(False, True)
+    off = ctl.AdaptiveController(parse_adaptive_config('{"count_overhead": false}'), K, num_slots=1)
+    assert all(off.wants_forward_time(True, True) for _ in range(2 * n))
+
+    clock = [10.0]
+    monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
+    req = _Req(0)
+    c.observe([req], [0], [0], 1e-3, 7)
+    clock[0] += 5e-3
+    c.observe([req], [0], [0], 1e-3, 8)  # timed: overhead sample 4 ms
+    overhead, rows = c.overhead_s, c.time_model.num_updates
+    assert overhead == pytest.approx(ctl.OVERHEAD_EMA * 4e-3)
+    clock[0] += 6e-3
+    c.observe([req], [0], [0], None, 9)  # untimed, consecutive: measured by its interval
+    assert c.overhead_s == overhead
+    assert c.time_model.num_updates == rows + 1
+    assert c.info()["spec_measured_step_time_s"] == pytest.approx(6e-3)
+    assert c.info()["spec_forward_time_s"] == pytest.approx(1e-3)  # the last timed one
+    c.observe([req], [0], [0], None, 20)  # untimed and not consecutive: no sample
+    assert c.time_model.num_updates == rows + 1 and c.overhead_s == overhead
+
+
 # ------------------------------------------------------------------------------ guard
 def test_guard_buckets_batch_sizes_and_config():
     """Rates are kept per batch-size bucket (bs.bit_length()): a block at 128 leaves 1-127

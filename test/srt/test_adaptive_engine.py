@@ -146,6 +146,55 @@ def test_overlap_commits_see_launch_step_indices(tiny_model_dir, spec_args, monk
     assert any(kinds) and not all(kinds)  # both pipelined (plain) and drained (drafting) steps
 
 
+def test_plain_steps_are_timed_once_in_eight_and_outputs_stay_exact(
+    tiny_model_dir, spec_args, monkeypatch
+):
+    """Overlap scheduling, a policy that never drafts: the worker gets SpecPlan.time_forward
+    on the first plain step and then on one in OVERHEAD_SAMPLE_EVERY of the plain steps that
+    follow a plain one, and the controller gets a forward time exactly for those (None for
+    the others); greedy outputs equal the plain engine's."""
+    from sglang.srt.speculative.adaptive import controller as ctl
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    asked: list[bool] = []
+    launch = EAGLEWorkerV2.forward_batch_generation_launch
+
+    def spy_launch(self, mwb):
+        if mwb.spec is not None and mwb.forward_mode.is_decode():
+            asked.append(mwb.spec.time_forward)
+        return launch(self, mwb)
+
+    got: list[bool] = []
+    observe = ctl.AdaptiveController.observe
+
+    def spy_observe(self, reqs, lens, acc, fwd, step_index):
+        got.append(fwd is not None)
+        return observe(self, reqs, lens, acc, fwd, step_index)
+
+    monkeypatch.setattr(EAGLEWorkerV2, "forward_batch_generation_launch", spy_launch)
+    monkeypatch.setattr(ctl.AdaptiveController, "observe", spy_observe)
+    sched = make_scheduler(
+        tiny_model_dir,
+        speculative_adaptive=True,
+        speculative_adaptive_config=json.dumps(NEVER),
+        disable_overlap_schedule=False,
+        **spec_args,
+    )
+    assert sched.enable_overlap
+    outs: dict = {}
+    submit(sched, "r0", prompts(1)[0], {**GREEDY, "max_new_tokens": 30})
+    run_until_idle(sched, outs)
+    n = ctl.OVERHEAD_SAMPLE_EVERY
+    assert len(asked) == 29  # one decode step per token after the prefill's
+    assert asked == [True] + ([True] + [False] * (n - 1)) * 3 + [True, False, False, False]
+    assert got == asked  # each commit knows whether its step was timed
+    ref = make_scheduler(tiny_model_dir)
+    ref_outs: dict = {}
+    submit(ref, "r0", prompts(1)[0], {**GREEDY, "max_new_tokens": 30})
+    run_until_idle(ref, ref_outs)
+    assert outs["r0"]["output_ids"] == ref_outs["r0"]["output_ids"]
+
+
 def test_probe_runs_probe_len_plain_steps_when_every_step_drains(
     tiny_model_dir, spec_args, monkeypatch
 ):

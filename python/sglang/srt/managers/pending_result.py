@@ -22,18 +22,21 @@ import torch
 
 from sglang.srt.managers.schedule_batch import GenerationBatchResult
 
+StepStart = tuple[float, "torch.cuda.Event | None", bool]
 
-def begin_step(device: torch.device, timed: bool = True) -> tuple[float, torch.cuda.Event | None]:
+
+def begin_step(device: torch.device, timed: bool = True) -> StepStart:
     """Mark the start of a launched step: (perf_counter, timing event recorded on the current
-    stream on CUDA when `timed`, else None). Pass it to PendingResult.from_device_ids. Only the
-    adaptive speculation policy reads a step's device time (forward_time_s); a worker whose
-    steps nobody times passes timed=False and saves two CUDA calls per step (its
-    forward_time_s is then the wall time from launch to finish)."""
+    stream on CUDA when `timed`, else None; `timed`). Pass it to PendingResult.from_device_ids.
+    Only the adaptive speculation policy reads a step's device time (forward_time_s), and only
+    on the steps it asks for (SpecPlan.time_forward); a step nobody times passes timed=False
+    and saves two CUDA calls and a read of the elapsed time (its forward_time_s is then the
+    wall time from launch to finish, and its result's forward_timed is False)."""
     start = None
     if timed and device.type == "cuda":
         start = torch.cuda.Event(enable_timing=True)
         start.record()
-    return time.perf_counter(), start
+    return time.perf_counter(), start, timed
 
 
 def copy_to_host_async(
@@ -69,6 +72,7 @@ class PendingResult:
         start_event: Any = None,  # torch.cuda.Event(enable_timing=True) before the step
         end_event: Any = None,  # torch.cuda.Event(enable_timing=True) after its host copy
         launched_at: float | None = None,  # perf_counter when the worker began the step
+        timed: bool = True,  # False: nobody asked for the step's time (forward_timed)
     ) -> None:
         self._finish_fn = finish_fn
         self._result: GenerationBatchResult | None = None
@@ -77,6 +81,7 @@ class PendingResult:
         self.start_event = start_event
         self.end_event = end_event
         self.launched_at = time.perf_counter() if launched_at is None else launched_at
+        self.timed = timed
         # Inputs of the step (the ModelWorkerBatch): their device tensors were allocated on the
         # scheduler's stream and are read by the worker's; held until the step finished.
         self.keep_alive: Any = None
@@ -87,14 +92,14 @@ class PendingResult:
         rows: list[int],
         ids: torch.Tensor,
         to_result: Callable[[list[int]], GenerationBatchResult],
-        began: tuple[float, Any],
+        began: StepStart,
     ) -> PendingResult:
         """A step whose sampled ids ([len(rows)] int64, device) are queued: start their copy
         to the host; finish() calls to_result(ids as a host list). began: begin_step()'s
         value, taken before the step's kernels were queued."""
-        launched_at, start = began
+        launched_at, start, timed = began
         host, end = copy_to_host_async(ids, timed=start is not None)
-        return cls(lambda: to_result(host.tolist()), rows, ids, start, end, launched_at)
+        return cls(lambda: to_result(host.tolist()), rows, ids, start, end, launched_at, timed)
 
     @classmethod
     def done(cls, result: GenerationBatchResult) -> PendingResult:
@@ -107,7 +112,8 @@ class PendingResult:
     def finish(self) -> GenerationBatchResult:
         """Wait for the step (the GIL is released while waiting) and return its result; the
         same object on every call. forward_time_s is the device time between the step's two
-        events (the step's own execution, not the queueing before it) when it has events."""
+        events (the step's own execution, not the queueing before it) when it has events;
+        forward_timed says whether the step was timed at all (begin_step)."""
         if self._result is None:
             if self.end_event is not None:
                 self.end_event.synchronize()
@@ -117,5 +123,6 @@ class PendingResult:
                 result.forward_time_s = self.start_event.elapsed_time(self.end_event) / 1e3
             else:
                 result.forward_time_s = time.perf_counter() - self.launched_at
+            result.forward_timed = self.timed
             self._result = result
         return self._result

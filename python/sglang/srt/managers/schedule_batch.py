@@ -217,6 +217,11 @@ class GenerationBatchResult:
     input_token_logprobs: list[list[float]] | None = None  # [bs][num input rows]
     input_top_logprobs: list[list[list[tuple[float, int]]]] | None = None
     forward_time_s: float = 0.0
+    # Whether forward_time_s measures the step: its device time between two events, or a
+    # synchronous step's wall time. False for a pipelined step nobody asked to time
+    # (SpecPlan.time_forward; pending_result.begin_step): forward_time_s is then the wall time
+    # from its launch to its finish, steps queued before it included.
+    forward_timed: bool = True
     # Speculative steps: per-request accepted runs (replaces next_token_ids) ...
     spec: Any = None  # SpecStepOutput | None
     # ... and, for speculative prefill steps, [bs] whether the chunk's draft extend was

@@ -44,6 +44,9 @@ class SpecScheduler:
             "spec_deferred_draft_extends": 0,  # prefill chunks whose draft extend was deferred
         }
         self.accept_histogram = [0] * (self.num_steps + 1)
+        # whether the last plan built (= the last step launched) was a decode step where every
+        # d_i = 0: the next plain step's commit then follows it directly (time_forward)
+        self._last_plain_decode = False
         sa = scheduler.server_args
         self.adaptive = (  # --speculative-adaptive: per-step draft lengths from a policy
             AdaptiveController(
@@ -206,11 +209,17 @@ class SpecScheduler:
                     continue
                 e = n - 1 if final else n
                 ext.append(req.fill_ids[start + 1 : start + 1 + e])
+            self._last_plain_decode = False
             return SpecPlan(
                 draft_lens=[0] * len(batch.reqs), draft_extend_ids=ext, draft_keep_rows=keep
             )
         plan = SpecPlan(draft_lens=[r.draft_len for r in batch.reqs])
-        if not any(plan.draft_lens):  # a plain step: no catch-up lists (nothing reads them)
+        plain = not any(plan.draft_lens)
+        plan.time_forward = self.adaptive is not None and self.adaptive.wants_forward_time(
+            plain, self._last_plain_decode
+        )
+        self._last_plain_decode = plain
+        if plain:  # a plain step: no catch-up lists (nothing reads them)
             return plan
         for req in batch.reqs:
             if req.draft_len > 0:
@@ -248,9 +257,8 @@ class SpecScheduler:
         s, spec = self.s, result.spec
         if self.adaptive is not None:  # before commit: reqs still describe the step's input
             lens = [r.draft_len for r in batch.reqs]
-            self.adaptive.observe(
-                batch.reqs, lens, spec.num_accepted, result.forward_time_s, batch.step_index
-            )
+            fwd = result.forward_time_s if result.forward_timed else None
+            self.adaptive.observe(batch.reqs, lens, spec.num_accepted, fwd, batch.step_index)
         drafting = committed = 0
         out = s.outputs
         logprobs = spec.logprobs

@@ -142,7 +142,7 @@ class EAGLEWorkerV2:
         plain = mwb.forward_mode != ForwardMode.EXTEND and sum(mwb.spec.draft_lens) == 0
         if not plain or mwb.return_logprob or not all(mwb.sample):
             return PendingResult.done(self.forward_batch_generation(mwb))
-        began = begin_step(self.device)
+        began = begin_step(self.device, timed=mwb.spec.time_forward)
         out = self.model_runner.forward_worker_batch(
             mwb, capture_hidden_mode=CaptureHiddenMode.LAST
         )

@@ -86,6 +86,12 @@ class SpecPlan:
     # the chunk's hidden states stay in the pool for the catch-up of the request's first
     # drafting step (SpecScheduler.defers_draft_extend).
     draft_keep_rows: list[bool] = field(default_factory=list)  # [bs]
+    # Decode steps: whether the worker times the step on the device (two CUDA timing events
+    # and a read of the elapsed time, ~10 us of host work) when it pipelines it. The adaptive
+    # controller asks for it on every step except most plain steps that follow a plain one
+    # (AdaptiveController.wants_forward_time); drafting steps run synchronously and are timed
+    # either way. Nobody reads it without --speculative-adaptive.
+    time_forward: bool = True
 
 
 @dataclass

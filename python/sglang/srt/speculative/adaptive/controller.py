@@ -36,6 +36,12 @@ from sglang.srt.speculative.spec_info import pending_positions
 logger = logging.getLogger(__name__)
 
 OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
+# A plain step that follows a plain one is timed on the device once in this many
+# (wants_forward_time): its forward time only feeds the overhead EMA (its measured time is
+# the wall interval between commits), and the timing costs ~10 us of host work per step
+# (two CUDA events and their elapsed time: H200, SmolLM2, batch 1, cProfile of the
+# scheduler thread, twenty-ninth session), 1% of a host-bound step.
+OVERHEAD_SAMPLE_EVERY = 8
 
 
 class AdaptiveController:
@@ -72,6 +78,7 @@ class AdaptiveController:
         # slots whose prev is not 0 (a plain step writes only these)
         self._prev_nonzero: set[int] = set(range(num_slots))
         self.overhead_s = 0.0  # EMA of step wall time minus forward time
+        self._untimed_left = 0  # plain steps after a plain one still to run untimed
         self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
         self._drafting_run = 0  # consecutive committed steps that drafted (cfg.probe_every)
         self.num_probes = 0
@@ -260,20 +267,39 @@ class AdaptiveController:
         online = self.time_model.online and self.policy.name == "goodput"
         return bool(probe) and online and self._drafting_run >= probe
 
+    def wants_forward_time(self, plain: bool, follows_plain: bool) -> bool:
+        """Whether the worker should time the step about to launch on the device (SpecPlan.
+        time_forward). plain: every d_i = 0; follows_plain: the step launched before it was a
+        plain decode step too, so its commit will directly follow that one's (observe then
+        measures it by the wall interval between the two). Such steps are timed once in
+        OVERHEAD_SAMPLE_EVERY, which is enough for the overhead EMA; every other step is
+        timed (a drafting step, the first plain step after a drafting step or a prefill, and
+        every step without cfg.count_overhead, whose measured time is the forward time)."""
+        if not (plain and follows_plain and self.cfg.count_overhead):
+            return True
+        if self._untimed_left > 0:
+            self._untimed_left -= 1
+            return False
+        self._untimed_left = OVERHEAD_SAMPLE_EVERY - 1
+        return True
+
     # ---------------------------------------------------------------- learn
     def observe(
         self,
         reqs: Sequence[Any],
         draft_lens: Sequence[int],
         accepted: Sequence[int],
-        forward_time_s: float,
+        forward_time_s: float | None,
         step_index: int,
     ) -> None:
         """Learn from one decode step, called before its results are committed (req.kv_len
         and req.draft still describe the step's input). step_index: the scheduler's forward
         step counter at the step's launch (ScheduleBatch.step_index), to tell consecutive decode
         steps (with overlap scheduling a commit comes after the next step's launch, or before
-        it when the pipeline drains, so the counter at commit time would not do)."""
+        it when the pipeline drains, so the counter at commit time would not do).
+        forward_time_s: the step's forward time in seconds, or None when it was not timed
+        (wants_forward_time): it then feeds neither the overhead EMA nor, without a wall
+        interval to measure the step by, the step-time model and the guard."""
         now = time.perf_counter()
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
@@ -290,8 +316,9 @@ class AdaptiveController:
         consecutive = self._last_commit is not None and self._last_commit[0] == step_index - 1
         if consecutive:
             interval = now - self._last_commit[1]
-            sample = max(0.0, interval - forward_time_s)
-            self.overhead_s += OVERHEAD_EMA * (sample - self.overhead_s)
+            if forward_time_s is not None:
+                sample = max(0.0, interval - forward_time_s)
+                self.overhead_s += OVERHEAD_EMA * (sample - self.overhead_s)
         self._last_commit = (step_index, now)
         # A plain step right after a drafting step: its cost is the switch's (the drafting
         # step drained the pipeline), not a steady plain step's, which the policy and the
@@ -306,10 +333,15 @@ class AdaptiveController:
             # What the step cost the server, host work included: under overlap scheduling a
             # plain step's host work hides behind the previous step, a drafting step's does
             # not (it drains the pipeline), so forward times alone favour drafting.
-            measured = interval if interval is not None else forward_time_s + self.overhead_s
-        if sum_d:
+            if interval is not None:
+                measured = interval
+            elif forward_time_s is not None:
+                measured = forward_time_s + self.overhead_s
+        # measured is None only for an untimed step without an interval (its predecessor's
+        # commit observed no request): no sample. Drafting steps are always timed.
+        if sum_d and measured is not None:
             self._record_drafting(len(reqs), draft_lens, accepted, x, measured)
-        if not transition:
+        if not transition and measured is not None:
             self.time_model.update(x, measured)
         if self.guard is not None:
             # The guard judges steady drafting: a step with a long catch-up pays a one-time
@@ -331,7 +363,10 @@ class AdaptiveController:
             self.tracker.observe_idle()
         last = self.last  # the step's features: its predicted time is computed when reported
         last["bs"], last["sum_d"], last["x"] = len(reqs), sum_d, x
-        last["measured_s"], last["forward_s"] = measured, forward_time_s
+        if measured is not None:
+            last["measured_s"] = measured
+        if forward_time_s is not None:
+            last["forward_s"] = forward_time_s
         if logger.isEnabledFor(logging.DEBUG):
             predicted = self.time_model.predict_unsolved(x)
             logger.debug(
@@ -340,8 +375,8 @@ class AdaptiveController:
                 len(reqs),
                 sum_d,
                 predicted * 1e3,
-                measured * 1e3,
-                forward_time_s * 1e3,
+                math.nan if measured is None else measured * 1e3,
+                math.nan if forward_time_s is None else forward_time_s * 1e3,  # nan: untimed
                 self.overhead_s * 1e3,
                 (len(reqs) + sum(accepted)) / max(1, len(reqs)),
             )
