@@ -471,9 +471,10 @@ def test_plain_steps_after_plain_ones_are_timed_once_in_eight(monkeypatch):
     req = _Req(0)
     c.observe([req], [0], [0], 1e-3, 7)
     clock[0] += 5e-3
-    c.observe([req], [0], [0], 1e-3, 8)  # timed: overhead sample 4 ms
+    c.observe([req], [0], [0], 1e-3, 8)  # timed: overhead sample 4 ms, weighted as 8 steps
     overhead, rows = c.overhead_s, c.time_model.num_updates
-    assert overhead == pytest.approx(ctl.OVERHEAD_EMA * 4e-3)
+    weight = 1 - (1 - ctl.OVERHEAD_EMA) ** n
+    assert overhead == pytest.approx(weight * 4e-3)
     clock[0] += 6e-3
     c.observe([req], [0], [0], None, 9)  # untimed, consecutive: measured by its interval
     assert c.overhead_s == overhead
@@ -482,6 +483,31 @@ def test_plain_steps_after_plain_ones_are_timed_once_in_eight(monkeypatch):
     assert c.info()["spec_forward_time_s"] == pytest.approx(1e-3)  # the last timed one
     c.observe([req], [0], [0], None, 20)  # untimed and not consecutive: no sample
     assert c.time_model.num_updates == rows + 1 and c.overhead_s == overhead
+
+
+def test_sampled_overhead_follows_the_per_step_mean(monkeypatch):
+    """Cycles of one drafting step (2 ms of overhead around a 3 ms forward) and nine plain
+    steps (0.1 ms around 1 ms), timed as wants_forward_time says: the overhead EMA stays near
+    the per-step mean of 0.29 ms. Weighting each sampled plain step like one (the review's
+    case) gave 0.67 ms against 0.21 with every step timed."""
+    from sglang.srt.speculative.adaptive import controller as ctl
+
+    clock = [0.0]
+    monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
+    c = ctl.AdaptiveController(parse_adaptive_config('{"guard": false}'), K, num_slots=1)
+    req, step, prev_plain, seen = _Req(0), 0, False, []
+    for cycle in range(40):
+        for j in range(10):
+            d = 1 if j == 0 else 0
+            timed = c.wants_forward_time(d == 0, prev_plain)
+            fwd, over = (3e-3, 2e-3) if d else (1e-3, 1e-4)
+            clock[0] += fwd + over
+            c.observe([req], [d], [0], fwd if timed else None, step)
+            step, prev_plain = step + 1, d == 0
+            if cycle >= 20:
+                seen.append(c.overhead_s)
+    mean = sum(seen) / len(seen)
+    assert 0.2e-3 < mean < 0.4e-3  # the per-step mean is 0.29 ms
 
 
 # ------------------------------------------------------------------------------ guard

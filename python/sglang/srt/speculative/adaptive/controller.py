@@ -318,7 +318,13 @@ class AdaptiveController:
             interval = now - self._last_commit[1]
             if forward_time_s is not None:
                 sample = max(0.0, interval - forward_time_s)
-                self.overhead_s += OVERHEAD_EMA * (sample - self.overhead_s)
+                weight = OVERHEAD_EMA
+                if not sum_d and not self._run_bs and self.cfg.count_overhead:
+                    # a plain step after a plain one: timed once in OVERHEAD_SAMPLE_EVERY
+                    # (wants_forward_time), so it stands for that many steps in the EMA, which
+                    # would otherwise lean towards the always-timed drafting steps' overhead
+                    weight = 1.0 - (1.0 - OVERHEAD_EMA) ** OVERHEAD_SAMPLE_EVERY
+                self.overhead_s += weight * (sample - self.overhead_s)
         self._last_commit = (step_index, now)
         # A plain step right after a drafting step: its cost is the switch's (the drafting
         # step drained the pipeline), not a steady plain step's, which the policy and the
