@@ -53,10 +53,14 @@ def work_unit(n: int = UNIT_ITEMS) -> int:
     return total + len(sorted(index, reverse=True))
 
 
-def _worker(path: str, period_s: float) -> None:
-    """Run work units every period_s forever, appending '<end unix time> <us>' lines."""
+def _worker(path: str, period_s: float, cpu: int | None, parent: int) -> None:
+    """Pin to `cpu` (None: leave the affinity), then run work units every period_s, appending
+    '<end unix time> <us>' lines, until the parent process `parent` is gone (a parent killed
+    by SIGKILL cannot stop it, and an orphan would keep loading its core)."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     with open(path, "a", buffering=1) as f:
-        while True:
+        while os.getppid() == parent:
             t = time.perf_counter()
             work_unit()
             d = time.perf_counter() - t
@@ -79,17 +83,22 @@ class HostProbe:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> HostProbe:
+        """Launch the worker; on failure the sample file is removed and the error raised."""
         code = (
             f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import host_probe; host_probe._worker({self.path!r}, {self.period_s!r})"
+            f"import host_probe; host_probe._worker({self.path!r}, {self.period_s!r}, "
+            f"{self.cpu!r}, {os.getpid()})"
         )
-
-        def pin() -> None:
-            if self.cpu is not None:
-                os.sched_setaffinity(0, {self.cpu})
-
-        self.proc = subprocess.Popen([sys.executable, "-c", code], preexec_fn=pin)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", code])
+        except BaseException:
+            self.stop()
+            raise
         return self
+
+    def exit_code(self) -> int | None:
+        """The worker's exit code once it has died (it never exits on its own), else None."""
+        return None if self.proc is None else self.proc.poll()
 
     def samples(self) -> list[tuple[float, float]]:
         """[(end unix time, unit us)] so far (a line being written is skipped)."""
@@ -125,11 +134,25 @@ class HostProbe:
         self.stop()
 
 
+# A point is host-bound when its scheduler process kept at least this many cores busy
+# (cpu_util["scheduler"], sweep_serving._cpu_util): its throughput then scales with the host's
+# speed. Elsewhere (a GPU-bound point) an adjustment would only add the probe's noise.
+HOST_BOUND_UTIL = 0.9
+
+
+def host_bound(point: dict) -> bool:
+    """Whether a paired_serving point's scheduler kept a core busy (HOST_BOUND_UTIL)."""
+    return (point.get("cpu_util") or {}).get("scheduler", 0.0) >= HOST_BOUND_UTIL
+
+
 def host_adjusted_ratio(point: dict, base: dict) -> float | None:
     """point's output tok/s over base's (same round), each per unit of host speed: tok/s times
     the point's median probe time (a point that ran while the host was slow is credited for
-    it). Valid for host-bound points (the scheduler's core busy throughout), where throughput
-    scales with the host's speed; None when either lacks a probe time or a throughput."""
+    it). Only for host-bound points (host_bound: the scheduler's core busy throughout), where
+    throughput scales with the host's speed; None when either point is not host-bound or
+    lacks a probe time or a throughput."""
+    if not (host_bound(point) and host_bound(base)):
+        return None
     pu, bu = point.get("host_probe_us"), base.get("host_probe_us")
     pt, bt = point.get("output_throughput"), base.get("output_throughput")
     if not (pu and bu and pt and bt):

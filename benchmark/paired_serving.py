@@ -203,6 +203,8 @@ def failures(result: dict) -> list[str]:
     items = []
     if result.get("error"):
         items.append(f"- run stopped: {result['error']}")
+    if result.get("host_probe_error"):
+        items.append(f"- host probe: {result['host_probe_error']}")
     for cfg in result.get("configs", []):
         if cfg.get("status") == "error":
             items.append(f"- {cfg['name']}: {cfg['error'].splitlines()[0][:300]}")
@@ -248,7 +250,7 @@ def markdown(result: dict) -> str:
         lines[5] += "---|---|---|"
     for r in result["summary"]:
         if not r["rounds"]:
-            empty = " - |" * (7 + twins + 3 * probed)
+            empty = " - |" * (6 + twins + 3 * probed)
             lines.append(f"| {r['concurrency']} | {r['config']} | 0 |{empty}")
             continue
         host = "-"
@@ -338,9 +340,9 @@ class PairedRun:
         return self.sweep.deadline - time.monotonic()
 
     def run(self) -> None:
-        if self.args.host_probe_cpu is not None:  # host speed through the run (host_probe.py)
-            self.probe = HostProbe(self.args.host_probe_cpu).start()
         try:
+            if self.args.host_probe_cpu is not None:  # host speed through the run (host_probe)
+                self.probe = HostProbe(self.args.host_probe_cpu).start()
             if not self.start_servers():
                 return
             a = self.args
@@ -373,6 +375,9 @@ class PairedRun:
             w = self.probe.window(t0, time.time())
             point["host_probe_us"] = w["median_us"] if w else None
             point["host_probe_units"] = w["units"] if w else 0
+            code = self.probe.exit_code()
+            if code is not None:  # no more samples: say so instead of thinning the tables
+                self.result["host_probe_error"] = f"the probe's worker exited with code {code}"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -424,8 +429,19 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"a paired comparison needs >= 2 configurations, got {args.configs}")
     if len(set(args.configs)) < len(args.configs):  # one server per name: a repeat would leak
         raise SystemExit(f"--configs names a configuration twice: {args.configs}")
-    if args.host_probe_cpu is not None and args.host_probe_cpu not in os.sched_getaffinity(0):
-        raise SystemExit(f"--host-probe-cpu {args.host_probe_cpu} is not a CPU of this machine")
+    if args.host_probe_cpu is not None:
+        if args.host_probe_cpu not in os.sched_getaffinity(0):
+            raise SystemExit(f"--host-probe-cpu {args.host_probe_cpu} is not a CPU of this machine")
+        for text in [*(args.cpu_sets or []), *([args.client_cpus] if args.client_cpus else [])]:
+            try:
+                taken = args.host_probe_cpu in parse_cpu_list(text)
+            except ValueError:
+                continue  # reported below
+            if taken:  # the probe would load that core and track it by construction
+                raise SystemExit(
+                    f"--host-probe-cpu {args.host_probe_cpu} is in --cpu-sets / --client-cpus "
+                    f"({text}); give it a CPU of its own"
+                )
     if args.rotate_cpu_sets and not args.cpu_sets:
         raise SystemExit("--rotate-cpu-sets needs --cpu-sets")
     if args.cpu_sets is not None and len(args.cpu_sets) != len(args.configs):

@@ -286,6 +286,8 @@ def main() -> None:
     p.add_argument("--result-file", default=None)
     p.add_argument("--mode", help=argparse.SUPPRESS)  # internal: run one mode, print JSON
     a = p.parse_args()
+    if a.cprofile_dir and not a.cprofile:
+        p.error("--cprofile-dir needs --cprofile")
     if a.model_path == "bundled":
         a.model_path, a.load_format = None, "auto"
     if a.mode:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -13,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
 
 from host_probe import (  # noqa: E402
+    HOST_BOUND_UTIL,
     HostProbe,
     host_adjusted_ratio,
     log_correlation,
@@ -48,12 +50,55 @@ def test_probe_samples_while_running_and_cleans_up():
         HostProbe(None, period_s=0)
 
 
+BUSY = {"cpu_util": {"client": 0.1, "http": 0.2, "scheduler": 1.0}}  # host-bound
+
+
+def test_probe_worker_exits_when_its_parent_is_killed(tmp_path):
+    """A parent killed by SIGKILL cannot stop the worker; it notices and exits by itself."""
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark")
+    pid_file = tmp_path / "worker.pid"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys, time; sys.path.insert(0, {bench!r}); import host_probe; "
+            "p = host_probe.HostProbe(None, period_s=0.005).start(); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.proc.pid)); time.sleep(60)",
+        ]
+    )
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    os.kill(worker, 0)  # running
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{worker}/stat") as f:  # exited but not yet reaped by init
+            if f.read().split(") ")[1].startswith("Z"):
+                break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, 9)
+        pytest.fail("the probe's worker outlived its parent")
+
+
 def test_host_adjusted_ratio_credits_a_point_that_ran_on_a_slow_host():
-    base = {"output_throughput": 1000.0, "host_probe_us": 1000.0}
-    slow = {"output_throughput": 600.0, "host_probe_us": 1600.0}  # the host at 1/1.6 speed
+    base = {"output_throughput": 1000.0, "host_probe_us": 1000.0, **BUSY}
+    slow = {"output_throughput": 600.0, "host_probe_us": 1600.0, **BUSY}  # host at 1/1.6 speed
     assert host_adjusted_ratio(slow, base) == pytest.approx(0.96)
-    assert host_adjusted_ratio({"output_throughput": 600.0}, base) is None
-    assert host_adjusted_ratio(slow, {"output_throughput": 0.0, "host_probe_us": 1.0}) is None
+    assert host_adjusted_ratio({"output_throughput": 600.0, **BUSY}, base) is None
+    zero = {"output_throughput": 0.0, "host_probe_us": 1.0, **BUSY}
+    assert host_adjusted_ratio(slow, zero) is None
+    # a point whose scheduler was not busy throughout (GPU-bound) is not adjusted
+    gpu_bound = {**slow, "cpu_util": {"scheduler": HOST_BOUND_UTIL - 0.2}}
+    assert host_adjusted_ratio(gpu_bound, base) is None
+    assert host_adjusted_ratio(slow, {**base, "cpu_util": {}}) is None
 
 
 def test_log_correlation():
@@ -74,6 +119,7 @@ def _pt(r: int, name: str, tput: float, probe_us: float) -> dict:
         "median_ttft_ms": 5.0,
         "median_itl_ms": 1.0,
         "host_probe_us": probe_us,
+        **BUSY,
     }
 
 

@@ -162,6 +162,10 @@ def test_markdown_says_what_was_not_measured():
         (["--configs", "no_spec", "adaptive", "--rounds", "0"], ">= 1"),
         (["--configs", "no_spec"], ">= 2"),
         (["--configs", "no_spec", "adaptive", "--host-probe-cpu", "100000"], "not a CPU"),
+        (
+            ["--configs", "no_spec", "adaptive", "--cpu-sets", "0", "1", "--host-probe-cpu", "0"],
+            "a CPU of its own",
+        ),
     ],
 )
 def test_bad_arguments_stop_before_any_server(argv, why, tmp_path):
