@@ -148,7 +148,7 @@ def widest(instance: dict, rounds: dict) -> dict:
     are ignored). With few concurrencies the twin's spread is one or two draws, and a twin
     whose geometric mean happened to land near 1 gives a narrow interval while the rounds
     themselves scatter far more (H200, SmolLM2 at c = 1, twenty-ninth session: identical
-    servers 715-1312 tok/s between rounds, twin geometric mean 0.993, log sd 0.007, bounds
+    servers 715-1312 tok/s between rounds, twin geometric mean 1.007, log sd 0.007, bounds
     0.877-0.957 against rounds-only 0.790-1.062). Each interval is a one-sided 95% bound
     under its own model; the wider of the two is one under either."""
     lo, hi = instance["lower"], instance["upper"]

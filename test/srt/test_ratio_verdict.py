@@ -165,7 +165,7 @@ def test_markdown_table_and_paired_serving_appends_it():
 def test_a_lucky_twin_does_not_narrow_the_verdict_below_the_rounds_spread():
     """The twenty-ninth session's H200 run at c = 1 (SmolLM2, CPU sets rotated): identical
     servers ranged 715-1312 tok/s between rounds, but the twin's geometric mean came out
-    0.993, so the instance-aware bounds alone (0.877-0.957) said "below" while the rounds
+    1.007, so the instance-aware bounds alone (0.877-0.957) said "below" while the rounds
     scatter over 0.790-1.062. The verdict uses the wider of the two: open."""
     tput = {
         "no_spec": [1007, 1178, 808, 887, 857, 933],
