@@ -20,7 +20,7 @@ from host_probe import (  # noqa: E402
     log_correlation,
     work_unit,
 )
-from paired_serving import markdown, summarize  # noqa: E402
+from paired_report import markdown, summarize  # noqa: E402
 from ratio_verdict import verdicts  # noqa: E402
 
 

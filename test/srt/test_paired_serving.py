@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
 
-from paired_serving import failures, main, markdown, round_order, summarize  # noqa: E402
+from paired_report import failures, markdown, summarize  # noqa: E402
+from paired_serving import main, round_order  # noqa: E402
 
 
 def _point(c: int, r: int, name: str, tput: float, ttft: float = 10.0, itl: float = 2.0):

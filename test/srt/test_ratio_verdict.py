@@ -137,7 +137,7 @@ def test_false_below_rate_is_about_five_percent():
 
 
 def test_markdown_table_and_paired_serving_appends_it():
-    from paired_serving import markdown, summarize
+    from paired_report import markdown, summarize
 
     pts = []
     for c, (b, t, a) in {1: (100, 104, 97), 4: (200, 190, 120)}.items():
