@@ -457,14 +457,15 @@ def test_plain_steps_after_plain_ones_are_timed_once_in_eight(monkeypatch):
     (forward time None) is still measured by its wall interval and feeds the model and the
     guard, but not the overhead EMA; without an interval it is no sample at all."""
     from sglang.srt.speculative.adaptive import controller as ctl
+    from sglang.srt.speculative.adaptive import step_timing as st
 
-    n = ctl.OVERHEAD_SAMPLE_EVERY
+    n = st.OVERHEAD_SAMPLE_EVERY
     c = ctl.AdaptiveController(parse_adaptive_config(None), K, num_slots=1)
-    got = [c.wants_forward_time(True, True) for _ in range(2 * n + 1)]
+    got = [c.timing.wants_forward_time(True, True) for _ in range(2 * n + 1)]
     assert got == ([True] + [False] * (n - 1)) * 2 + [True]
-    assert c.wants_forward_time(True, False) and c.wants_forward_time(False, True)
+    assert c.timing.wants_forward_time(True, False) and c.timing.wants_forward_time(False, True)
     off = ctl.AdaptiveController(parse_adaptive_config('{"count_overhead": false}'), K, num_slots=1)
-    assert all(off.wants_forward_time(True, True) for _ in range(2 * n))
+    assert all(off.timing.wants_forward_time(True, True) for _ in range(2 * n))
 
     clock = [10.0]
     monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
@@ -472,17 +473,17 @@ def test_plain_steps_after_plain_ones_are_timed_once_in_eight(monkeypatch):
     c.observe([req], [0], [0], 1e-3, 7)
     clock[0] += 5e-3
     c.observe([req], [0], [0], 1e-3, 8)  # timed: overhead sample 4 ms, weighted as 8 steps
-    overhead, rows = c.overhead_s, c.time_model.num_updates
-    weight = 1 - (1 - ctl.OVERHEAD_EMA) ** n
+    overhead, rows = c.timing.overhead_s, c.time_model.num_updates
+    weight = 1 - (1 - st.OVERHEAD_EMA) ** n
     assert overhead == pytest.approx(weight * 4e-3)
     clock[0] += 6e-3
     c.observe([req], [0], [0], None, 9)  # untimed, consecutive: measured by its interval
-    assert c.overhead_s == overhead
+    assert c.timing.overhead_s == overhead
     assert c.time_model.num_updates == rows + 1
     assert c.info()["spec_measured_step_time_s"] == pytest.approx(6e-3)
     assert c.info()["spec_forward_time_s"] == pytest.approx(1e-3)  # the last timed one
     c.observe([req], [0], [0], None, 20)  # untimed and not consecutive: no sample
-    assert c.time_model.num_updates == rows + 1 and c.overhead_s == overhead
+    assert c.time_model.num_updates == rows + 1 and c.timing.overhead_s == overhead
 
 
 def test_sampled_overhead_follows_the_per_step_mean(monkeypatch):
@@ -499,13 +500,13 @@ def test_sampled_overhead_follows_the_per_step_mean(monkeypatch):
     for cycle in range(40):
         for j in range(10):
             d = 1 if j == 0 else 0
-            timed = c.wants_forward_time(d == 0, prev_plain)
+            timed = c.timing.wants_forward_time(d == 0, prev_plain)
             fwd, over = (3e-3, 2e-3) if d else (1e-3, 1e-4)
             clock[0] += fwd + over
             c.observe([req], [d], [0], fwd if timed else None, step)
             step, prev_plain = step + 1, d == 0
             if cycle >= 20:
-                seen.append(c.overhead_s)
+                seen.append(c.timing.overhead_s)
     mean = sum(seen) / len(seen)
     assert 0.2e-3 < mean < 0.4e-3  # the per-step mean is 0.29 ms
 

@@ -154,6 +154,7 @@ def test_plain_steps_are_timed_once_in_eight_and_outputs_stay_exact(
     follow a plain one, and the controller gets a forward time exactly for those (None for
     the others); greedy outputs equal the plain engine's."""
     from sglang.srt.speculative.adaptive import controller as ctl
+    from sglang.srt.speculative.adaptive.step_timing import OVERHEAD_SAMPLE_EVERY
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     asked: list[bool] = []
@@ -184,7 +185,7 @@ def test_plain_steps_are_timed_once_in_eight_and_outputs_stay_exact(
     outs: dict = {}
     submit(sched, "r0", prompts(1)[0], {**GREEDY, "max_new_tokens": 30})
     run_until_idle(sched, outs)
-    n = ctl.OVERHEAD_SAMPLE_EVERY
+    n = OVERHEAD_SAMPLE_EVERY
     assert len(asked) == 29  # one decode step per token after the prefill's
     assert asked == [True] + ([True] + [False] * (n - 1)) * 3 + [True, False, False, False]
     assert got == asked  # each commit knows whether its step was timed

@@ -215,7 +215,7 @@ class SpecScheduler:
             )
         plan = SpecPlan(draft_lens=[r.draft_len for r in batch.reqs])
         plain = not any(plan.draft_lens)
-        plan.time_forward = self.adaptive is not None and self.adaptive.wants_forward_time(
+        plan.time_forward = self.adaptive is not None and self.adaptive.timing.wants_forward_time(
             plain, self._last_plain_decode
         )
         self._last_plain_decode = plain

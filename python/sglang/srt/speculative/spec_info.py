@@ -89,7 +89,7 @@ class SpecPlan:
     # Decode steps: whether the worker times the step on the device (two CUDA timing events
     # and a read of the elapsed time, ~10 us of host work) when it pipelines it. The adaptive
     # controller asks for it on every step except most plain steps that follow a plain one
-    # (AdaptiveController.wants_forward_time); drafting steps run synchronously and are timed
+    # (StepTiming.wants_forward_time); drafting steps run synchronously and are timed
     # either way. Nobody reads it without --speculative-adaptive.
     time_forward: bool = True
 

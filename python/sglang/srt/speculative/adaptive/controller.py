@@ -31,17 +31,10 @@ from sglang.srt.speculative.adaptive.step_time_model import (
     allocation_features,
     plain_step_features,
 )
+from sglang.srt.speculative.adaptive.step_timing import StepTiming
 from sglang.srt.speculative.spec_info import pending_positions
 
 logger = logging.getLogger(__name__)
-
-OVERHEAD_EMA = 0.1  # weight of a new scheduler-overhead sample
-# A plain step that follows a plain one is timed on the device once in this many
-# (wants_forward_time): its forward time only feeds the overhead EMA (its measured time is
-# the wall interval between commits), and the timing costs ~10 us of host work per step
-# (two CUDA events and their elapsed time: H200, SmolLM2, batch 1, cProfile of the
-# scheduler thread, twenty-ninth session), 1% of a host-bound step.
-OVERHEAD_SAMPLE_EVERY = 8
 
 
 class AdaptiveController:
@@ -77,9 +70,8 @@ class AdaptiveController:
         self.prev = np.full(num_slots, -1, dtype=np.int64)  # [num_slots] last d per slot
         # slots whose prev is not 0 (a plain step writes only these)
         self._prev_nonzero: set[int] = set(range(num_slots))
-        self.overhead_s = 0.0  # EMA of step wall time minus forward time
-        self._untimed_left = 0  # plain steps after a plain one still to run untimed
-        self._last_commit: tuple[int, float] | None = None  # (step index, perf_counter)
+        # wall intervals between decode commits, the overhead EMA, which steps to time
+        self.timing = StepTiming(cfg.count_overhead)
         self._drafting_run = 0  # consecutive committed steps that drafted (cfg.probe_every)
         self.num_probes = 0
         self._probe_left = 0  # plain steps still to run in the current probe (cfg.probe_len)
@@ -267,22 +259,6 @@ class AdaptiveController:
         online = self.time_model.online and self.policy.name == "goodput"
         return bool(probe) and online and self._drafting_run >= probe
 
-    def wants_forward_time(self, plain: bool, follows_plain: bool) -> bool:
-        """Whether the worker should time the step about to launch on the device (SpecPlan.
-        time_forward). plain: every d_i = 0; follows_plain: the step launched before it was a
-        plain decode step too, so its commit will directly follow that one's (observe then
-        measures it by the wall interval between the two). Such steps are timed once in
-        OVERHEAD_SAMPLE_EVERY, which is enough for the overhead EMA; every other step is
-        timed (a drafting step, the first plain step after a drafting step or a prefill, and
-        every step without cfg.count_overhead, whose measured time is the forward time)."""
-        if not (plain and follows_plain and self.cfg.count_overhead):
-            return True
-        if self._untimed_left > 0:
-            self._untimed_left -= 1
-            return False
-        self._untimed_left = OVERHEAD_SAMPLE_EVERY - 1
-        return True
-
     # ---------------------------------------------------------------- learn
     def observe(
         self,
@@ -298,8 +274,8 @@ class AdaptiveController:
         steps (with overlap scheduling a commit comes after the next step's launch, or before
         it when the pipeline drains, so the counter at commit time would not do).
         forward_time_s: the step's forward time in seconds, or None when it was not timed
-        (wants_forward_time): it then feeds neither the overhead EMA nor, without a wall
-        interval to measure the step by, the step-time model and the guard."""
+        (StepTiming.wants_forward_time): it then feeds neither the overhead EMA nor, without
+        a wall interval to measure the step by, the step-time model and the guard."""
         now = time.perf_counter()
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
@@ -312,20 +288,12 @@ class AdaptiveController:
             long_catch_up = any(q and d for q, d in zip(long, draft_lens, strict=True))
         else:  # the common step under load
             x = plain_step_features(len(reqs), kv)
-        interval = None  # wall time since the previous decode commit, when consecutive
-        consecutive = self._last_commit is not None and self._last_commit[0] == step_index - 1
-        if consecutive:
-            interval = now - self._last_commit[1]
-            if forward_time_s is not None:
-                sample = max(0.0, interval - forward_time_s)
-                weight = OVERHEAD_EMA
-                if not sum_d and not self._run_bs and self.cfg.count_overhead:
-                    # a plain step after a plain one: timed once in OVERHEAD_SAMPLE_EVERY
-                    # (wants_forward_time), so it stands for that many steps in the EMA, which
-                    # would otherwise lean towards the always-timed drafting steps' overhead
-                    weight = 1.0 - (1.0 - OVERHEAD_EMA) ** OVERHEAD_SAMPLE_EVERY
-                self.overhead_s += weight * (sample - self.overhead_s)
-        self._last_commit = (step_index, now)
+        # interval: wall time since the previous decode commit, when consecutive; measured:
+        # what the step cost the server (StepTiming), None for an untimed step without one
+        interval, measured = self.timing.measure(
+            step_index, now, forward_time_s, not sum_d and not self._run_bs
+        )
+        consecutive = interval is not None
         # A plain step right after a drafting step: its cost is the switch's (the drafting
         # step drained the pipeline), not a steady plain step's, which the policy and the
         # guard compare drafting against; it is no plain sample of either. The model has no
@@ -334,15 +302,6 @@ class AdaptiveController:
         transition = consecutive and self._run_bs > 0 and not sum_d
         run_bs, self._run_bs = self._run_bs, len(reqs) if sum_d else 0
         self.num_transition_steps += transition
-        measured = forward_time_s
-        if self.cfg.count_overhead:
-            # What the step cost the server, host work included: under overlap scheduling a
-            # plain step's host work hides behind the previous step, a drafting step's does
-            # not (it drains the pipeline), so forward times alone favour drafting.
-            if interval is not None:
-                measured = interval
-            elif forward_time_s is not None:
-                measured = forward_time_s + self.overhead_s
         # measured is None only for an untimed step without an interval (its predecessor's
         # commit observed no request): no sample. Drafting steps are always timed.
         if sum_d and measured is not None:
@@ -383,7 +342,7 @@ class AdaptiveController:
                 predicted * 1e3,
                 math.nan if measured is None else measured * 1e3,
                 math.nan if forward_time_s is None else forward_time_s * 1e3,  # nan: untimed
-                self.overhead_s * 1e3,
+                self.timing.overhead_s * 1e3,
                 (len(reqs) + sum(accepted)) / max(1, len(reqs)),
             )
 
@@ -455,7 +414,7 @@ class AdaptiveController:
             "spec_predicted_step_time_s": self._last_predicted(),
             "spec_measured_step_time_s": self.last["measured_s"],
             "spec_forward_time_s": self.last["forward_s"],
-            "spec_step_overhead_s": self.overhead_s,
+            "spec_step_overhead_s": self.timing.overhead_s,
             "spec_zero_probes": self.num_probes,
             "spec_policy_runs": self.num_policy_runs,
             "spec_zero_bound_ratio": self._zero_ratio,
