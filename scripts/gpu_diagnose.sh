@@ -114,6 +114,9 @@
 #   bash scripts/gpu_diagnose.sh HP  # host_probe.py (twenty-ninth session): SmolLM2
 #                                    # no_spec / adaptive / twin at c = HP_CONC (1 4), HP_ROUNDS
 #                                    # (6) rounds, CPU sets rotated, the probe on CPU 15
+#   bash scripts/gpu_diagnose.sh AB  # two adaptive and two no_spec SmolLM2 servers at c = 1,
+#                                    # CPU sets rotated, AB_ROUNDS (16), after the host's CPU
+#                                    # topology (thirtieth session)
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -133,7 +136,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -586,6 +589,26 @@ for r in json.load(open(sys.argv[1]))['rows']:
     tar czf "$OUT/plogs_HP_$TAG.tgz" -C "$D" plogs 2>/dev/null
     rm -rf "$D/plogs"
     ;;
+  AB)  # issue 7 (thirtieth session): on the H200 host an adaptive server's plain steps at
+    # c = 1 cost ~1.4x a plain server's in every host phase alike (paired_smollm2_probe_h200_s30).
+    # Is that the configuration's or one process's? Two servers of each, c = 1, CPU sets rotated
+    # each round; first the host's CPU topology (SMT siblings, NUMA nodes), which decides
+    # whether a CPU set shares cores or memory with another.
+    { lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA)"
+      echo "siblings: $(sort -u /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | tr '\n' ' ')"
+      for n in /sys/devices/system/node/node*; do echo "$(basename "$n"): $(cat "$n/cpulist")"; done
+    } > "$D/cpu_topology_$TAG.txt" 2>&1
+    cat "$D/cpu_topology_$TAG.txt"; cp "$D/cpu_topology_$TAG.txt" "$OUT"/
+    ab="--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive"
+    timeout -k 10 "$(box 540)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive no_spec_b adaptive_b --add-config no_spec_b= \
+      --add-config "adaptive_b=$ab" --concurrency 1 --rounds "${AB_ROUNDS:-16}" \
+      --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --host-probe-cpu 15 --rotate-cpu-sets \
+      --deadline-s "$(( $(left) - 20 ))" --result-file "$D/paired_smollm2_ab_$TAG.json" \
+      --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
+    cp "$D"/paired_smollm2_ab_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    rm -rf "$D/plogs"
+    ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)
     never='--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive'
     never="$never --speculative-adaptive-config '{\"time_model\":{\"verify_tokens\":1.0},\"online_correction\":false}'"
@@ -633,7 +656,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP, WU or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP, WU, HP, AB or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
