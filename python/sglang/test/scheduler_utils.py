@@ -30,11 +30,13 @@ def submit(
     seed: int = 0,
     return_logprob: bool = False,
     stream: bool = False,
+    logprob_start_len: int = -1,
 ) -> None:
     sp = build_sampling_params(params, sched.tokenizer, sched.model_config)
-    sched.handle_message(
-        TokenizedGenerateReqInput(rid, None, input_ids, sp, return_logprob, -1, 0, stream, seed)
+    msg = TokenizedGenerateReqInput(
+        rid, None, input_ids, sp, return_logprob, logprob_start_len, 0, stream, seed
     )
+    sched.handle_message(msg)
 
 
 def abort(sched: Scheduler, rid: str) -> None:
@@ -57,6 +59,8 @@ def collect(sched: Scheduler, outputs: dict[str, dict]) -> None:
             out["logprobs"] = out.get("logprobs", []) + list(
                 msg.output_token_logprobs_delta[i] or []
             )
+            if msg.input_token_logprobs and msg.input_token_logprobs[i] is not None:
+                out["input_logprobs"] = list(msg.input_token_logprobs[i])
             if msg.finished_reason[i] is not None:
                 out["finish"] = msg.finished_reason[i]
     sched.outputs.local_outbox.clear()

@@ -224,6 +224,8 @@ class BatchBuilder:
             return self.get_next_batch_to_run()
         if s.kv.available_with_eviction() < len(reqs) + sum(lens):
             lens = [0] * len(reqs)
+        if s.kv.available_with_eviction() < len(reqs) and s.chunked_req is not None:
+            self.retract_chunked_req()  # (nothing is in flight here)
         if s.kv.available_with_eviction() < len(reqs):  # (nothing is in flight here)
             retracted = s.kv.retract_for(s.running, len)
             for req in retracted:
@@ -254,6 +256,22 @@ class BatchBuilder:
             extend_lens=[1 + d for d in lens],
             out_cache_loc=slots,
         )
+
+    def retract_chunked_req(self) -> None:
+        """Put the half-prefilled request (scheduler.chunked_req) back at the head of the
+        waiting queue: its computed chunks go to the prefix cache, unlocked, so eviction can
+        free them for the running requests' next decode step. It goes before any running
+        request (upstream retracts only running requests, but there a chunked request's KV is
+        also the first to go: it has no output yet, and its chunks are a prefix hit when it is
+        admitted again if they were not evicted meanwhile). Its prompt logprobs, if asked
+        for, are recomputed from the first position (Req.reset_for_retract)."""
+        s = self.s
+        req, s.chunked_req = s.chunked_req, None
+        s.kv.release(req)
+        req.reset_for_retract()
+        s.waiting_queue.insert(0, req)
+        s.stats["num_retractions"] += 1
+        s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1)
 
     # ---------------------------------------------------------------- plan
     def build_model_worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:

@@ -144,10 +144,13 @@ class Req:
         return self.finished_reason is not None
 
     def wants_input_logprobs(self) -> bool:
-        # Prompt logprobs are computed during the first prefill only (not after a retraction).
+        # Prompt logprobs are computed by the prefill that samples the first output token: not
+        # again after a retraction of a running request (the re-prefill covers the outputs
+        # too), but again from the start after one of a half-prefilled prompt (no output yet;
+        # reset_for_retract dropped the partial lists).
         return (
             self.return_logprob
-            and self.num_retractions == 0
+            and not self.output_ids
             and 0 <= self.logprob_start_len < len(self.origin_input_ids)
         )
 
@@ -165,6 +168,9 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.num_retractions += 1
+        if not self.output_ids:  # a half-prefilled prompt: its prompt logprobs start over
+            self.input_token_logprobs = []
+            self.input_top_logprobs = []
         if self.draft is not None:
             self.draft = type(self.draft)()
 
