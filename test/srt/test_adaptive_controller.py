@@ -628,3 +628,69 @@ def test_drafting_cost_is_remembered_from_round_to_round():
     assert remembered[0] > 0 and remembered[1:] == [0, 0, 0, 0]
     forgotten = drafting({"time_idle_decay": 0.98})
     assert forgotten[0] > 0 and all(n > 0 for n in forgotten[1:])
+
+
+def _controller_state(c) -> dict:
+    """Everything a controller learns from observations, for comparing two controllers."""
+    tm, tr = c.time_model, c.tracker
+    return {
+        "info": json.dumps(c.info(), sort_keys=True, default=str),
+        "coef": c.time_model.coefficients(),
+        "updates": tm.num_updates,
+        "tracker": (tr.steps, tr.synced.tolist(), tr.req_att.tolist(), tr.req_acc.tolist()),
+        "server": (tr.server_att.tolist(), tr.server_acc.tolist()),
+        "prev": c.prev.tolist(),
+        "nonzero": sorted(c._prev_nonzero),
+        "timing": (c.timing.overhead_s, c.timing._last_commit),
+        "run": (c._run_bs, c._drafting_run, c.num_transition_steps),
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_deferred_plain_observations_learn_exactly_what_immediate_ones_do(monkeypatch, seed):
+    """A controller that defers plain steps' observations (defer_plain_steps, as the scheduler
+    sets it) makes the same choices and ends in the same learnt state as one that learns from
+    each at once, over a random run of admissions, plain runs, drafting steps (accepts at
+    random), untimed and non-consecutive steps, under a step-time model that makes drafting
+    pay at first, corrected online by measured steps that make it pay less (so the policy both
+    drafts and chooses all zeros)."""
+    from sglang.srt.speculative.adaptive import controller as ctl
+
+    clock = [100.0]
+    monkeypatch.setattr(ctl.time, "perf_counter", lambda: clock[0])
+    cfg = parse_adaptive_config(json.dumps({"probe_every": 6, "recheck_every": 2}))
+    ctls = [ctl.AdaptiveController(cfg, K, 8), ctl.AdaptiveController(cfg, K, 8, 16)]
+    for c in ctls:  # learnt online from here (the default): the deferred updates matter
+        c.time_model.set_prior({**ZERO, "const": 1e-3, "bs": 4e-4, "verify_tokens": 2e-5})
+    rng = random.Random(seed)
+    running: list = []
+    step = deferred_seen = drafted = 0
+    for _ in range(1500):
+        if len(running) < 8 and rng.random() < 0.05:  # a request joins
+            slot = min(set(range(8)) - {r.req_pool_idx for r in running})
+            running.append(pending_req(slot, kv_len=rng.randrange(10, 200)))
+            for c in ctls:
+                c.on_admit(slot)
+        if len(running) > 1 and rng.random() < 0.03:  # a request leaves
+            running.pop(rng.randrange(len(running)))
+        if not running:
+            continue
+        caps = [K] * len(running)
+        lens = [None, None]
+        for i, c in enumerate(ctls):
+            lens[i] = [0] * len(running) if c.reuse_zero(running) else c.choose(running, caps)
+        assert lens[0] == lens[1]
+        d = lens[0]
+        drafted += any(d)
+        acc = [rng.randrange(0, x + 1) for x in d]
+        clock[0] += (5e-3 if any(d) else 1e-3) * rng.uniform(0.8, 1.2)
+        fwd = None if rng.random() < 0.6 and not any(d) else 8e-4
+        step += 1 if rng.random() < 0.95 else 3  # now and then not consecutive
+        for c in ctls:
+            c.observe(running, d, acc, fwd, step)
+        deferred_seen = max(deferred_seen, len(ctls[1]._deferred))
+        for r, x, a in zip(running, d, acc, strict=True):  # commit: 1 + a tokens each
+            r.kv_len += 1 + a
+            r.draft.draft_kv_len = r.kv_len - 1 if x else r.draft.draft_kv_len
+    assert deferred_seen > 1 and drafted >= 5  # the run did defer, and did draft
+    assert _controller_state(ctls[0]) == _controller_state(ctls[1])

@@ -38,10 +38,20 @@ logger = logging.getLogger(__name__)
 
 
 class AdaptiveController:
-    """Per-step draft lengths from the configured policy (K = k, num_slots request slots)."""
+    """Per-step draft lengths from the configured policy (K = k, num_slots request slots).
 
-    def __init__(self, cfg: AdaptiveConfig, k: int, num_slots: int) -> None:
+    defer_plain_steps: how many plain steps' observations may wait to be learnt from together
+    (observe; 0: each is learnt from at once). The scheduler defers DEFER_PLAIN_STEPS.
+    """
+
+    def __init__(
+        self, cfg: AdaptiveConfig, k: int, num_slots: int, defer_plain_steps: int = 0
+    ) -> None:
         self.cfg = cfg
+        self.defer_plain_steps = defer_plain_steps
+        # plain steps observed but not learnt from yet, in commit order:
+        # (batch size, KV tokens, forward seconds or None, step index, perf_counter at commit)
+        self._deferred: list[tuple[int, int, float | None, int, float]] = []
         self.k = k
         self.policy = build_policy(cfg, k)
         self.tracker = AcceptanceTracker(
@@ -106,6 +116,7 @@ class AdaptiveController:
     # ---------------------------------------------------------------- setup
     def on_admit(self, slot: int) -> None:
         """A new request took request slot `slot`."""
+        self.flush_observations()  # the slot's row is synced to the step count
         self.tracker.reset_slot(slot)
         self.prev[slot] = -1
         self._prev_nonzero.add(slot)
@@ -185,6 +196,7 @@ class AdaptiveController:
         and context room), from which the goodput policy estimates the drafting steps over
         which it spreads a long catch-up (drafting_steps_left, amortized_pending; None: a
         full cfg.catchup_horizon for every request)."""
+        self.flush_observations()
         if not reqs or max(caps) == 0:
             self._zero_left = 0
             return [0] * len(reqs)
@@ -275,10 +287,59 @@ class AdaptiveController:
         it when the pipeline drains, so the counter at commit time would not do).
         forward_time_s: the step's forward time in seconds, or None when it was not timed
         (StepTiming.wants_forward_time): it then feeds neither the overhead EMA nor, without
-        a wall interval to measure the step by, the step-time model and the guard."""
+        a wall interval to measure the step by, the step-time model and the guard.
+
+        With defer_plain_steps, a plain step in a run of plain steps (nothing drafted before
+        it, no request's last length to clear) is only recorded (batch size, KV tokens, times)
+        and learnt from later, in order, by flush_observations: the same updates, run back to
+        back instead of once per step between the scheduler's other work."""
         now = time.perf_counter()
         sum_d = int(sum(draft_lens))
         kv = sum(r.kv_len for r in reqs)
+        if not sum_d and self._defers_plain(reqs):
+            self._deferred.append((len(reqs), kv, forward_time_s, step_index, now))
+            if len(self._deferred) >= self.defer_plain_steps:
+                self.flush_observations()
+            return
+        self.flush_observations()
+        self._learn(len(reqs), kv, reqs, draft_lens, accepted, forward_time_s, step_index, now)
+
+    def _defers_plain(self, reqs: Sequence[Any]) -> bool:
+        """Whether a plain step's observation may wait (see observe): the controller is set to
+        defer, the previous step did not draft (so this one is no transition step), the last
+        length of each of the step's requests is already 0 (nothing to clear), and no per-step
+        debug line is logged."""
+        if self.defer_plain_steps <= 0 or self._run_bs or logger.isEnabledFor(logging.DEBUG):
+            return False
+        nonzero = self._prev_nonzero
+        return not nonzero or nonzero.isdisjoint(r.req_pool_idx for r in reqs)
+
+    def flush_observations(self) -> None:
+        """Learn from the deferred plain steps, in order (see observe). Called before anything
+        that reads what they teach: the policy's choice, a new request's admission (its
+        acceptance row is synced to the step count), a non-deferred observation, info()."""
+        if not self._deferred:
+            return
+        pending, self._deferred = self._deferred, []
+        for bs, kv, forward_time_s, step_index, now in pending:
+            self._learn(bs, kv, None, None, None, forward_time_s, step_index, now)
+
+    def _learn(
+        self,
+        bs: int,
+        kv: int,
+        reqs: Sequence[Any] | None,
+        draft_lens: Sequence[int] | None,
+        accepted: Sequence[int] | None,
+        forward_time_s: float | None,
+        step_index: int,
+        now: float,
+    ) -> None:
+        """observe's updates for one step of bs requests holding kv KV tokens, committed at
+        perf_counter `now`. reqs, draft_lens and accepted are None for a deferred plain step
+        (every d_i and accept 0; only deferred while no request's last length needs clearing,
+        so the requests themselves are not needed)."""
+        sum_d = int(sum(draft_lens)) if draft_lens is not None else 0
         long_catch_up = False  # a request caught up over more than K + 1 positions
         if sum_d:
             pending = [pending_positions(r) for r in reqs]
@@ -287,7 +348,7 @@ class AdaptiveController:
             x = allocation_features(draft_lens, pending, kv, long)
             long_catch_up = any(q and d for q, d in zip(long, draft_lens, strict=True))
         else:  # the common step under load
-            x = plain_step_features(len(reqs), kv)
+            x = plain_step_features(bs, kv)
         # interval: wall time since the previous decode commit, when consecutive; measured:
         # what the step cost the server (StepTiming), None for an untimed step without one
         interval, measured = self.timing.measure(
@@ -300,34 +361,36 @@ class AdaptiveController:
         # feature for the switch; the guard charges it to the drafting run it ends (below),
         # so a policy that keeps switching is still judged by what it delivered.
         transition = consecutive and self._run_bs > 0 and not sum_d
-        run_bs, self._run_bs = self._run_bs, len(reqs) if sum_d else 0
+        run_bs, self._run_bs = self._run_bs, bs if sum_d else 0
         self.num_transition_steps += transition
         # measured is None only for an untimed step without an interval (its predecessor's
         # commit observed no request): no sample. Drafting steps are always timed.
         if sum_d and measured is not None:
-            self._record_drafting(len(reqs), draft_lens, accepted, x, measured)
+            self._record_drafting(bs, draft_lens, accepted, x, measured)
         if not transition and measured is not None:
             self.time_model.update(x, measured)
+        tokens = bs + (int(sum(accepted)) if accepted is not None else 0)
         if self.guard is not None:
             # The guard judges steady drafting: a step with a long catch-up pays a one-time
             # cost that the policy spreads over the request's next steps (catchup_horizon),
             # so it is left out of the guard's rates (the step still counts as a step). A
             # transition step is no plain sample either: the guard charges it to the drafting
             # run it ends (end_run), whose cost it is.
-            tokens = len(reqs) + int(sum(accepted))
             sample = None if long_catch_up or transition else interval
-            self.guard.observe(len(reqs), sum_d > 0, tokens, sample)
+            self.guard.observe(bs, sum_d > 0, tokens, sample)
             if transition:
                 self.guard.end_run(run_bs, tokens, interval)
         self._drafting_run = self._drafting_run + 1 if sum_d else 0
-        if sum_d or self._prev_nonzero:  # (a plain step under load: neither needs the slots)
+        # (a plain step under load needs neither the slots; a deferred one has no request
+        # in _prev_nonzero, which only on_admit, flushing first, and _learn change)
+        if reqs is not None and (sum_d or self._prev_nonzero):
             slots = [r.req_pool_idx for r in reqs]
             self.tracker.observe(slots, draft_lens, accepted)
             self._set_prev(slots, draft_lens, sum_d)
         else:
             self.tracker.observe_idle()
         last = self.last  # the step's features: its predicted time is computed when reported
-        last["bs"], last["sum_d"], last["x"] = len(reqs), sum_d, x
+        last["bs"], last["sum_d"], last["x"] = bs, sum_d, x
         if measured is not None:
             last["measured_s"] = measured
         if forward_time_s is not None:
@@ -337,13 +400,13 @@ class AdaptiveController:
             logger.debug(
                 "spec step: bs=%d sum_d=%d predicted=%.3fms measured=%.3fms forward=%.3fms "
                 "overhead=%.3fms accept_len=%.2f",
-                len(reqs),
+                bs,
                 sum_d,
                 predicted * 1e3,
                 math.nan if measured is None else measured * 1e3,
                 math.nan if forward_time_s is None else forward_time_s * 1e3,  # nan: untimed
                 self.timing.overhead_s * 1e3,
-                (len(reqs) + sum(accepted)) / max(1, len(reqs)),
+                tokens / max(1, bs),
             )
 
     def _record_drafting(
@@ -409,6 +472,7 @@ class AdaptiveController:
 
     def info(self) -> dict:
         """Server-info keys (for /get_server_info and the /metrics gauges)."""
+        self.flush_observations()
         return {
             "spec_adaptive_policy": self.policy.name,
             "spec_predicted_step_time_s": self._last_predicted(),
