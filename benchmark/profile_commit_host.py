@@ -6,14 +6,14 @@
 The in-process Scheduler on a tiny random model (tiny EAGLE-3 draft for `adaptive_no_drafts`,
 under a fixed step-time model where drafting never pays: every step is a plain decode, the
 common case under load), --batch-size streamed greedy requests. Per configuration, after 3
-steps, the median ms per step over --steps steps of the scheduler's host phases: `plan`
-(BatchBuilder.get_next_batch_to_run: the batch and, speculative, the draft lengths), `build`
-(build_model_worker_batch), `commit` (OutputProcessor.process_batch_result: tokens, KV lengths,
-and on the speculative server its counters and pending hidden states) and `flush`
-(detokenization and the BatchStrOut message). The two
-configurations alternate for --rounds rounds and the minimum over rounds is kept, as this
-machine's speed drifts by up to 1.7x between runs. On the GPU host these run on the scheduler
-thread between launches, so at high concurrency they are part of every step's time.
+steps, the median (and, as `<phase>_mean`, the mean) ms per step over --steps steps of the
+scheduler's host phases: `plan` (BatchBuilder.get_next_batch_to_run: the batch and,
+speculative, the draft lengths), `build` (build_model_worker_batch), `commit`
+(OutputProcessor.process_batch_result: tokens, KV lengths, and on the speculative server its
+counters and pending hidden states) and `flush` (detokenization and the BatchStrOut message).
+The two configurations alternate for --rounds rounds and the minimum over rounds is kept, as
+this machine's speed drifts by up to 1.7x between runs. On the GPU host these run on the
+scheduler thread between launches, so at high concurrency they are part of every step's time.
 
 Run it with PYTHONPATH=<a worktree of another commit>/python to measure that commit; each run
 is appended to --result-file.
@@ -66,6 +66,9 @@ def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
     for _ in range(steps):
         s.step()
     out = {k: round(1e3 * statistics.median(v), 4) for k, v in times.items()}
+    # the mean too: work done once in n steps (e.g. deferred observations) moves it, not the
+    # median
+    out.update({f"{k}_mean": round(1e3 * statistics.mean(v), 4) for k, v in times.items()})
     run_until_idle(s, {})
     return out
 
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.rounds):
         for name, kw in cfgs.items():
             rounds[name].append(commit_ms(model, kw, args.batch_size, args.steps))
-    best = {name: {k: min(r[k] for r in rs) for k in PHASES} for name, rs in rounds.items()}
+    keys = [*PHASES, *(f"{k}_mean" for k in PHASES)]
+    best = {name: {k: min(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
     plain = best["plain"]
     result = {
         "label": args.label,
