@@ -75,3 +75,37 @@ def test_chunked_request_retracted_before_running_ones(tiny_model_dir, draft_dir
     assert [t for _, t in got] == [t for _, t in want] and got[0][0] is None
     assert [g for g, _ in got[1:]] == pytest.approx([w for w, _ in want[1:]], abs=1e-4)
     sched.kv.check_accounting()
+
+
+def test_aborted_chunked_request_ends_at_its_retraction(tiny_model_dir):
+    """An abort that came while the half-prefilled request's chunk was in flight (to_abort
+    set) ends the request when it is retracted, instead of queueing it for a re-admission;
+    the others still equal their solo runs and the pool ends with no leak."""
+    ref_sched = make_scheduler(tiny_model_dir, chunked_prefill_size=128)
+    ref = {}
+    for k, p in enumerate(prompts()):
+        one: dict = {}
+        submit(ref_sched, f"r{k}", p, PARAMS)
+        run_until_idle(ref_sched, one)
+        ref.update(one)
+    sched = make_scheduler(tiny_model_dir, max_total_tokens=400, chunked_prefill_size=128)
+    aborted: list[str] = []
+    real = sched.builder.retract_chunked_req
+
+    def spy() -> None:
+        if not aborted:
+            aborted.append(sched.chunked_req.rid)
+            sched.chunked_req.to_abort = True
+        real()
+        assert all(r.rid not in aborted for r in sched.waiting_queue)
+
+    sched.builder.retract_chunked_req = spy
+    outs = run(sched)
+    assert len(aborted) == 1
+    for rid, out in outs.items():
+        if rid in aborted:
+            assert out["finish"]["type"] == "abort"
+            continue
+        assert out["finish"]["type"] == "length" and "message" not in out["finish"], out["finish"]
+        assert out["output_ids"] == ref[rid]["output_ids"], rid
+    sched.kv.check_accounting()

@@ -230,7 +230,7 @@ class BatchBuilder:
             retracted = s.kv.retract_for(s.running, len)
             for req in retracted:
                 s.running.remove(req)
-            s.waiting_queue[:0] = retracted
+            self.requeue(retracted)
             s.stats["num_retractions"] += len(retracted)
             s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1 * len(retracted))
             reqs = list(s.running)
@@ -269,9 +269,23 @@ class BatchBuilder:
         req, s.chunked_req = s.chunked_req, None
         s.kv.release(req)
         req.reset_for_retract()
-        s.waiting_queue.insert(0, req)
+        self.requeue([req])
         s.stats["num_retractions"] += 1
         s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1)
+
+    def requeue(self, reqs: list[Req]) -> None:
+        """Retracted requests (KV released) back at the head of the waiting queue, in order,
+        except those an abort came for while one of their steps was in flight (to_abort): they
+        end here, as the abort of a waiting request does (Scheduler.abort_request), instead of
+        waiting to be admitted again only to be dropped."""
+        keep = []
+        for req in reqs:
+            if req.to_abort:
+                req.finished_reason = FinishReason("abort", message="aborted by request")
+                self.s.outputs.emit(req)
+            else:
+                keep.append(req)
+        self.s.waiting_queue[:0] = keep
 
     # ---------------------------------------------------------------- plan
     def build_model_worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:
