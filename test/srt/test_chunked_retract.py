@@ -26,6 +26,20 @@ def run(sched, logprob_rid: str | None = None) -> dict:
     return outs
 
 
+def solo_runs(model: str, kw: dict, logprobs: bool) -> dict:
+    """Each prompt run alone on a scheduler with a pool that fits it (the reference): rid ->
+    outputs, with prompt logprobs from the first position when `logprobs`."""
+    sched = make_scheduler(model, chunked_prefill_size=128, **kw)
+    ref: dict = {}
+    for k, p in enumerate(prompts()):
+        one: dict = {}
+        lp = {"return_logprob": True, "logprob_start_len": 0} if logprobs else {}
+        submit(sched, f"r{k}", p, PARAMS, **lp)
+        run_until_idle(sched, one)
+        ref.update(one)
+    return ref
+
+
 @pytest.mark.parametrize(
     "overlap,spec", [(False, False), (True, False), (True, True)], ids=["sync", "overlap", "spec"]
 )
@@ -41,13 +55,7 @@ def test_chunked_request_retracted_before_running_ones(tiny_model_dir, draft_dir
             speculative_draft_model_path=draft_dir,
             speculative_num_steps=2,
         )
-    ref_sched = make_scheduler(tiny_model_dir, chunked_prefill_size=128, **kw)
-    ref = {}
-    for k, p in enumerate(prompts()):
-        one: dict = {}
-        submit(ref_sched, f"r{k}", p, PARAMS, return_logprob=True, logprob_start_len=0)
-        run_until_idle(ref_sched, one)
-        ref.update(one)
+    ref = solo_runs(tiny_model_dir, kw, logprobs=True)
 
     sched = make_scheduler(
         tiny_model_dir,
@@ -81,13 +89,7 @@ def test_aborted_chunked_request_ends_at_its_retraction(tiny_model_dir):
     """An abort that came while the half-prefilled request's chunk was in flight (to_abort
     set) ends the request when it is retracted, instead of queueing it for a re-admission;
     the others still equal their solo runs and the pool ends with no leak."""
-    ref_sched = make_scheduler(tiny_model_dir, chunked_prefill_size=128)
-    ref = {}
-    for k, p in enumerate(prompts()):
-        one: dict = {}
-        submit(ref_sched, f"r{k}", p, PARAMS)
-        run_until_idle(ref_sched, one)
-        ref.update(one)
+    ref = solo_runs(tiny_model_dir, {}, logprobs=False)
     sched = make_scheduler(tiny_model_dir, max_total_tokens=400, chunked_prefill_size=128)
     aborted: list[str] = []
     real = sched.builder.retract_chunked_req

@@ -231,8 +231,6 @@ class BatchBuilder:
             for req in retracted:
                 s.running.remove(req)
             self.requeue(retracted)
-            s.stats["num_retractions"] += len(retracted)
-            s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1 * len(retracted))
             reqs = list(s.running)
             lens = [0] * len(reqs)
             if s.kv.available_with_eviction() < len(reqs):
@@ -270,22 +268,24 @@ class BatchBuilder:
         s.kv.release(req)
         req.reset_for_retract()
         self.requeue([req])
-        s.stats["num_retractions"] += 1
-        s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1)
 
     def requeue(self, reqs: list[Req]) -> None:
         """Retracted requests (KV released) back at the head of the waiting queue, in order,
         except those an abort came for while one of their steps was in flight (to_abort): they
         end here, as the abort of a waiting request does (Scheduler.abort_request), instead of
-        waiting to be admitted again only to be dropped."""
+        waiting to be admitted again only to be dropped. Each counts as a retraction and makes
+        admission more cautious (new_token_ratio + 0.1)."""
+        s = self.s
+        s.stats["num_retractions"] += len(reqs)
+        s.new_token_ratio = min(1.0, s.new_token_ratio + 0.1 * len(reqs))
         keep = []
         for req in reqs:
             if req.to_abort:
                 req.finished_reason = FinishReason("abort", message="aborted by request")
-                self.s.outputs.emit(req)
+                s.outputs.emit(req)
             else:
                 keep.append(req)
-        self.s.waiting_queue[:0] = keep
+        s.waiting_queue[:0] = keep
 
     # ---------------------------------------------------------------- plan
     def build_model_worker_batch(self, batch: ScheduleBatch) -> ModelWorkerBatch:
