@@ -5,6 +5,8 @@
 - policy.py: the goodput policy (greedy marginal allocation with hysteresis);
 - baselines.py: fixed K and a batch-size tier table, for comparison;
 - registry.py: --speculative-adaptive-config parsing and the policy registry;
+- step_timing.py: what a committed step cost (wall intervals, overhead EMA, which to time);
+- drafting_report.py: drafting steps per batch-size bucket, predicted against measured;
 - controller.py: what SpecScheduler calls (choose, observe, info).
 """
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from sglang.srt.speculative.adaptive.acceptance import AcceptanceTracker
+from sglang.srt.speculative.adaptive.drafting_report import DraftingReport
 from sglang.srt.speculative.adaptive.goodput_guard import GoodputGuard
 from sglang.srt.speculative.adaptive.policy import (
     BatchView,
@@ -91,10 +92,7 @@ class AdaptiveController:
         # what the drafting run cost (observe)
         self._run_bs = 0
         self.num_transition_steps = 0  # plain steps after a drafting step (no samples)
-        # per batch-size bucket (bs.bit_length()) of the drafting steps: [steps, request-steps,
-        # committed tokens, predicted seconds, measured seconds], where in a run the server
-        # drafted and what the model expected those steps to cost (drafting_report)
-        self._drafting_by_bs: dict[int, list[float]] = {}
+        self.drafting = DraftingReport()  # drafting steps per batch-size bucket
         self.last = {
             "bs": 0,
             "sum_d": 0,
@@ -366,7 +364,9 @@ class AdaptiveController:
         # measured is None only for an untimed step without an interval (its predecessor's
         # commit observed no request): no sample. Drafting steps are always timed.
         if sum_d and measured is not None:
-            self._record_drafting(bs, draft_lens, accepted, x, measured)
+            # predicted with the last solve's coefficients (no re-solve on the step path)
+            predicted = self.time_model.predict_unsolved(x)
+            self.drafting.record(bs, draft_lens, accepted, predicted, measured)
         if not transition and measured is not None:
             self.time_model.update(x, measured)
         tokens = bs + (int(sum(accepted)) if accepted is not None else 0)
@@ -409,43 +409,6 @@ class AdaptiveController:
                 tokens / max(1, bs),
             )
 
-    def _record_drafting(
-        self,
-        bs: int,
-        draft_lens: Sequence[int],
-        accepted: Sequence[int],
-        x: np.ndarray,
-        measured_s: float,
-    ) -> None:
-        """Count one drafting step of bs requests in its bucket (see drafting_report); the
-        prediction uses the last solve's coefficients (no re-solve on the step path)."""
-        row = self._drafting_by_bs.setdefault(bs.bit_length(), [0, 0, 0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += sum(1 for d in draft_lens if d)
-        row[2] += bs + int(sum(accepted))
-        row[3] += self.time_model.predict_unsolved(x)
-        row[4] += measured_s
-
-    def drafting_report(self) -> dict[str, dict[str, float]]:
-        """Drafting steps so far by batch-size bucket ('1', '2-3', '4-7', ...): steps,
-        request_steps (requests with d > 0), tokens (committed by those steps), predicted_s and
-        measured_s (sums over the steps of the model's time with the coefficients of its last
-        solve before the step, and of the step's measured time, wall interval or forward time
-        as count_overhead says; seconds)."""
-        out = {}
-        for key in sorted(self._drafting_by_bs):
-            steps, reqs, tokens, pred, meas = self._drafting_by_bs[key]
-            lo, hi = 1 << (key - 1), (1 << key) - 1
-            name = str(lo) if lo == hi else f"{lo}-{hi}"
-            out[name] = {
-                "steps": steps,
-                "request_steps": reqs,
-                "tokens": tokens,
-                "predicted_s": round(pred, 6),
-                "measured_s": round(meas, 6),
-            }
-        return out
-
     def _set_prev(self, slots: list[int], draft_lens: Sequence[int], sum_d: int) -> None:
         """prev[slots] = draft_lens. On a plain step (sum_d == 0) only the slots whose prev is
         not already 0 are written: under load that is usually none, and no array is built."""
@@ -485,7 +448,8 @@ class AdaptiveController:
             "spec_transition_steps": self.num_transition_steps,
             "spec_last_step_sum_draft_len": self.last["sum_d"],
             "spec_step_time_coef": self.time_model.coefficients(),
-            "spec_drafting_by_bs": self.drafting_report(),
+            # predicted with the coefficients of the model's last solve before each step
+            "spec_drafting_by_bs": self.drafting.report(),
             "spec_server_accept_rate_per_position": self.tracker.server_alpha().tolist(),
             **(self.guard.info() if self.guard is not None else {}),
         }
