@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 # speculating for good instead of paying for a longer catch-up.
 MAX_PENDING_HIDDEN = 1024
 # Plain steps whose observations the adaptive controller may learn from together
-# (AdaptiveController.observe): the same updates, run back to back. Between a step's other host
-# work each observation cost ~20 us of the scheduler thread on the CPU machine (bs 1), against
-# ~5 us in a loop of observations alone.
+# (AdaptiveController.observe): the same updates, run back to back instead of between each
+# step's other host work (bs 1, CPU machine: the adaptive commit's excess over a plain one 16.9
+# -> 9.9 us per step, benchmark/results/commit_host_cpu.json, labels "s30").
 DEFER_PLAIN_STEPS = 16
 
 
