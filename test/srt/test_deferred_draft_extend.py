@@ -69,12 +69,15 @@ def adaptive_off(tiny_model_dir, draft_dir) -> tuple:
     """(scheduler, controller, outputs, conversation so far): an adaptive scheduler without
     the guard (the synthetic step-time models decide here; the guard would rightly block the
     drafting they ask for once it measures that drafting is slower on this CPU) whose policy
-    chose no drafts for a first 30-token turn t0 (a model under which drafting never pays)."""
+    chose no drafts for a first 30-token turn t0 (a model under which drafting never pays).
+    Its all-zero reuse window stops growing at 32 steps: the tests swap the step-time model
+    between turns, which the policy sees at its next run, and a later turn must see it within
+    its few decode steps (at the default recheck_max of 128 it may run without a policy run)."""
     sched = spec_scheduler(
         tiny_model_dir,
         draft_dir,
         speculative_adaptive=True,
-        speculative_adaptive_config=json.dumps({"guard": False}),
+        speculative_adaptive_config=json.dumps({"guard": False, "recheck_max": 32}),
     )
     ctl = sched.spec.adaptive
     ctl.time_model = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)  # never pays

@@ -138,8 +138,8 @@ class AdaptiveController:
 
         A heuristic with a bounded delay: a larger batch or a newly joined request (at the
         server-wide acceptance prior) can make drafting pay, and that is then seen at the
-        recheck, at most one window late (recheck_max - 1 steps once the policy has kept
-        choosing zeros for a while), and so is a batch that shrank by less than
+        recheck, at most one window late (recheck_max - 1 steps, 127 by default, once the
+        policy has kept choosing zeros for a while), and so is a batch that shrank by less than
         cfg.recheck_shrink; a batch that shrank more re-runs the policy at once and resets
         the window. The fixed and tiers baselines are never reused (they cost almost nothing
         and must do what they are configured to do, e.g. a tier table that drafts more for

@@ -8,7 +8,7 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "hysteresis": 0.02,                         # goodput: relative gain needed to switch
      "recheck_every": 4,                         # goodput: an all-zero choice is reused for
                                                  # the next 3 steps unless the batch shrinks
-     "recheck_max": 32,                          # ... and the reuse doubles up to 32 steps
+     "recheck_max": 128,                         # ... and the reuse doubles up to 128 steps
                                                  # while the policy keeps choosing all zeros
      "recheck_shrink": 0.125,                    # "shrinks": by more than this fraction of
                                                  # the batch the policy last ran on (floor;
@@ -74,7 +74,7 @@ class AdaptiveConfig:
     tiers: dict[int, int] = field(default_factory=lambda: dict(DEFAULT_TIERS))
     hysteresis: float = 0.02
     recheck_every: int = 4
-    recheck_max: int = 32
+    recheck_max: int = 128
     recheck_shrink: float = 0.125
     recheck_margin: float = 0.0
     initial_accept: float = 0.7
