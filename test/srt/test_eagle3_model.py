@@ -177,6 +177,44 @@ def test_target_aux_states_feed_the_draft(target, draft_dirs):
     assert torch.isfinite(res.logits).all() and res.logits.shape == (4, DRAFT_VOCAB)
 
 
+def test_aux_states_are_hf_residual_streams(tiny_model_dir):
+    """The captured states are the residual streams that HF transformers' Llama carries at
+    those layers: the input of layer i + 1 for each id i (the embedding for -1; HF's
+    output_hidden_states[i + 1]), the last layer's output before the final norm (a hook on HF's
+    last decoder layer) for id N - 1. Both in a prefill (FULL) and a decode step (LAST, one
+    row per token), where the model takes them from its norms' residual outputs (the 2-layer
+    tiny target: ids -1, 0, 1, every kind of capture)."""
+    from transformers import AutoModelForCausalLM
+
+    mc = ModelConfig(tiny_model_dir)
+    model = get_model(mc)
+    layer_ids = [-1, 0, 1]
+    assert mc.num_hidden_layers == 2
+    model.set_eagle3_layers_to_capture(layer_ids)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    last: list[torch.Tensor] = []
+    hook = hf.model.layers[-1].register_forward_hook(
+        lambda _m, _i, out: last.append(out[0] if isinstance(out, tuple) else out)
+    )
+    ids = [5, 17, 3, 99, 42]
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    hook.remove()
+    n = mc.num_hidden_layers
+    h = mc.hidden_size
+
+    def expected(i: int) -> torch.Tensor:  # [T, H] of id i over all of ids
+        return last[0].reshape(len(ids), h) if i == n - 1 else ref[i + 1][0]
+
+    th = ForwardHarness(model, mc)
+    req = th.new_request()
+    full = th.forward([(req, ids[:4])], capture_hidden_mode=CaptureHiddenMode.FULL)
+    step = th.forward([(req, ids[4:])], capture_hidden_mode=CaptureHiddenMode.LAST)
+    got = torch.cat([full.hidden_states, step.hidden_states])  # [5, 3H]
+    for k, i in enumerate(layer_ids):
+        torch.testing.assert_close(got[:, k * h : (k + 1) * h], expected(i), rtol=1e-4, atol=1e-4)
+
+
 def test_map_to_target(target, tiny_model_dir, tmp_path):
     model, mc = target
     cfg = tiny_eagle3_config(tiny_model_dir, draft_vocab_size=4)

@@ -41,14 +41,19 @@ class LogitsProcessor(nn.Module):
         `aux_hidden_states` [.., 3H] when given, otherwise `hidden_states` [.., H]) for all T
         tokens (FULL) or only the logits rows (LAST)."""
         rows = forward_batch.logits_indices
-        pruned = hidden_states[rows]  # [num_rows, H]
+        # Logits rows are ascending and distinct (each request's last rows), so as many rows
+        # as tokens means every token (decode, verify): no gather (a kernel per step, also
+        # inside a CUDA graph, whose decode and verify buckets keep rows = arange(T)).
+        every_row = rows.shape[0] == hidden_states.shape[0]
+        pruned = hidden_states if every_row else hidden_states[rows]  # [num_rows, H]
         logits = self._compute_logits(pruned, lm_head)
 
         captured = None
         mode = forward_batch.capture_hidden_mode
         if mode != CaptureHiddenMode.NULL:
             source = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else hidden_states
-            captured = source if mode == CaptureHiddenMode.FULL else source[rows]
+            full = mode == CaptureHiddenMode.FULL or every_row
+            captured = source if full else source[rows]
         return LogitsProcessorOutput(next_token_logits=logits, hidden_states=captured)
 
     def _compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

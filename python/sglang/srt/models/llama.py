@@ -173,11 +173,17 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states: torch.Tensor,  # [T, H]
         forward_batch: ForwardBatch,
         residual: torch.Tensor | None,  # [T, H] or None for the first layer
+        aux: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """aux: when given, the layer's input residual stream (hidden_states + residual, [T, H])
+        is appended to it (EAGLE-3 capture): the tensor its input norm computes anyway, a new
+        one that nothing writes to later (every norm path returns a fresh residual)."""
         # At one row on CUDA each norm runs inside the GEMV after it (layers/fused_linear.py).
         norm, qkv_proj = self.input_layernorm, self.self_attn.qkv_proj
         if rmsnorm_linear_applies(norm, qkv_proj, hidden_states, residual):
             qkv, residual = rmsnorm_linear(norm, qkv_proj, hidden_states, residual)
+            if aux is not None:
+                aux.append(residual)
             hidden_states = self.self_attn(positions, None, forward_batch, qkv=qkv)
         else:
             if residual is None:
@@ -185,6 +191,8 @@ class LlamaDecoderLayer(nn.Module):
                 hidden_states = self.input_layernorm(hidden_states)
             else:
                 hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            if aux is not None:
+                aux.append(residual)
             hidden_states = self.self_attn(positions, hidden_states, forward_batch)
         norm, gate_up_proj = self.post_attention_layernorm, self.mlp.gate_up_proj
         if rmsnorm_linear_applies(norm, gate_up_proj, hidden_states, residual):
@@ -219,17 +227,22 @@ class LlamaModel(nn.Module):
         forward_batch: ForwardBatch,
         input_embeds: torch.Tensor | None = None,  # [T, H], replaces the embedding lookup
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (final normed hidden states [T, H], captured aux states, each [T, H])."""
+        """Returns (final normed hidden states [T, H], captured aux states, each [T, H], in
+        layer order). A captured state is the residual stream that the captured layer's input
+        norm (or the final norm) computes as hidden + residual anyway, not a separate add: three
+        fewer kernels in every EAGLE-3 target step (a batch-1 SmolLM2 decode graph took 0.673
+        ms with the capture against 0.659 without, H200, benchmark/results/
+        decode_step_hostdiff_bs1_h200_s29.json)."""
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         residual = None
         aux: list[torch.Tensor] = []
+        capture = self.layers_to_capture
         for i, layer in enumerate(self.layers):
-            if i in self.layers_to_capture:
-                aux.append(hidden if residual is None else hidden + residual)
-            hidden, residual = layer(positions, hidden, forward_batch, residual)
-        if len(self.layers) in self.layers_to_capture:
-            aux.append(hidden + residual)
-        hidden, _ = self.norm(hidden, residual)
+            into = aux if i in capture else None
+            hidden, residual = layer(positions, hidden, forward_batch, residual, into)
+        hidden, stream = self.norm(hidden, residual)
+        if len(self.layers) in capture:
+            aux.append(stream)  # the last layer's output: hidden + residual
         return hidden, aux
 
 
