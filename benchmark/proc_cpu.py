@@ -91,3 +91,52 @@ def cpu_share(before: dict, after: dict, wall_s: float) -> list[str]:
     rows.sort(reverse=True)
     total = sum(c for c, _ in rows)
     return [f"total: {total / wall_s:.2f}"] + [f"{n}: {c / wall_s:.2f}" for c, n in rows[:8]]
+
+
+def waits_snapshot() -> dict[str, float]:
+    """Counters of what can slow this thread other than its own work (Linux; a missing source
+    reads 0): `minflt` / `majflt` (this process's page faults, getrusage), `nvcsw` / `nivcsw`
+    (its voluntary and involuntary context switches), `run_delay_s` (this thread's time spent
+    runnable but waiting for a CPU, /proc/thread-self/schedstat field 2, in seconds) and
+    `steal_s` / `busy_s` (the whole host's CPU time taken by the hypervisor, and spent
+    non-idle, summed over CPUs, /proc/stat, in seconds)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out = {
+        "minflt": float(ru.ru_minflt),
+        "majflt": float(ru.ru_majflt),
+        "nvcsw": float(ru.ru_nvcsw),
+        "nivcsw": float(ru.ru_nivcsw),
+        "run_delay_s": 0.0,
+        "steal_s": 0.0,
+        "busy_s": 0.0,
+    }
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            out["run_delay_s"] = int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]  # the "cpu" line: all CPUs
+        tick = os.sysconf("SC_CLK_TCK")
+        # user nice system idle iowait irq softirq steal ...
+        out["steal_s"] = (cpu[7] if len(cpu) > 7 else 0) / tick
+        out["busy_s"] = (sum(cpu[:8]) - cpu[3] - cpu[4]) / tick
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def waits_per_step(before: dict[str, float], after: dict[str, float], steps: int) -> dict:
+    """waits_snapshot() differences per step (times in microseconds, `_us` keys), for a window
+    of `steps` steps (>= 1)."""
+    out = {}
+    for k, v in after.items():
+        d = (v - before.get(k, 0.0)) / max(1, steps)
+        if k.endswith("_s"):
+            out[k[:-2] + "_us"] = round(1e6 * d, 2)
+        else:
+            out[k] = round(d, 3)
+    return out

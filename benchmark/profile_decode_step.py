@@ -28,6 +28,9 @@ prompt ids, greedy, ignore_eos) and reports
   step_ms_by_chunk: the same per --chunk-steps consecutive steps (drift within the window);
   stale_draft_reqs (speculative modes): running requests that can no longer draft (their
   pending hidden states exceeded the cap);
+- waits_per_step: this process's page faults and context switches, the decode thread's
+  run-queue delay and the host's steal time per step over the same window (proc_cpu.
+  waits_snapshot): what slows a process whose host phases all run slower at once;
 - graph_ms: one replay of the same step's CUDA graph alone (same inputs, --steps replays);
 - host_overhead_ms = step_ms - graph_ms: time the GPU is not running the model's graph;
 - speculative modes: the scheduler's speculative counters (drafting steps, accepted drafts)
@@ -69,7 +72,7 @@ from bench_common import (
     sync,
     write_json,
 )
-from proc_cpu import cpu_share, thread_cpu_seconds
+from proc_cpu import cpu_share, thread_cpu_seconds, waits_per_step, waits_snapshot
 from pyspy_sampling import py_spy_window
 from step_profiles import chunk_means, kernel_table, step_profile
 from ttft_timeline import mtbench_ids, ttft_rounds
@@ -136,6 +139,7 @@ def one_mode(a: argparse.Namespace) -> dict:
     prof = cProfile.Profile() if a.cprofile else None
     phases0 = dict(sched.phases.seconds)
     cpu0 = thread_cpu_seconds()
+    waits0 = waits_snapshot()
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
@@ -160,6 +164,9 @@ def one_mode(a: argparse.Namespace) -> dict:
     if client is not None:  # SGLANG_OVERLAP_THREAD: where steps launch
         out["overlap_launch_thread"] = "scheduler" if client.thread is None else "worker"
     out["decode_thread_cpu_share"] = cpu_share(cpu0, thread_cpu_seconds(), wall)
+    # page faults, context switches, run-queue delay and host steal per step (proc_cpu): what
+    # slows a process whose host phases all run slower without more work of its own
+    out["waits_per_step"] = waits_per_step(waits0, waits_snapshot(), a.steps)
     if prof is not None:  # the scheduler thread only (the worker thread is not profiled)
         prof.disable()
         if a.cprofile_dir:  # the whole table, for a function-by-function diff of two modes
