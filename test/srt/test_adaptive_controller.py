@@ -694,3 +694,72 @@ def test_deferred_plain_observations_learn_exactly_what_immediate_ones_do(monkey
             r.draft.draft_kv_len = r.kv_len - 1 if x else r.draft.draft_kv_len
     assert deferred_seen > 1 and drafted >= 5  # the run did defer, and did draft
     assert _controller_state(ctls[0]) == _controller_state(ctls[1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_single_request_bound_check_matches_the_policy(seed):
+    """A policy run on one request whose last length was 0 (or that is new) first tries the
+    bound check in plain Python (AdaptiveController._single_rules_out). Over random acceptance
+    histories (drafting steps, then idle steps), step-time models, pending positions, KV
+    lengths, caps and tokens left, a controller with it and one running the numpy policy only
+    choose the same lengths, report the same bound ratio and rate (to rounding) and end with
+    the same acceptance state; the check rules drafting out in some runs and not in others."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    rng = random.Random(seed)
+    cfg = parse_adaptive_config(None)
+    ruled = drafted = 0
+    for _ in range(300):
+        coef = {
+            f: 10 ** rng.uniform(lo, hi)
+            for f, lo, hi in (
+                ("const", -4, -2),
+                ("bs", -6, -4),
+                ("verify_tokens", -6, -4),
+                ("draft_tokens", -7, -4),
+                ("draft_steps", -5, -3),
+                ("spec_on", -5, -2),
+                ("kv_tokens", -10, -8),
+                ("draft_reqs", -6, -4),
+                ("long_catchup", -4, -2),
+            )
+        }
+        history = []
+        for _ in range(rng.randrange(0, 12)):
+            d = rng.randrange(1, K + 1)
+            history.append((d, rng.randrange(0, d + 1)))
+        idle = rng.randrange(0, 40)
+        kv = rng.randrange(10, 3000)
+        pending = rng.choice([1, 2, K + 1, K + 2, rng.randrange(1, kv)])
+        prev = rng.choice([0, -1])
+        cap = rng.randrange(1, K + 1)
+        left = rng.choice([None, rng.randrange(2, 600)])
+        slot = 2
+        ctls = [AdaptiveController(cfg, K, 4), AdaptiveController(cfg, K, 4)]
+        ctls[1]._single_rules_out = lambda *a: False  # the numpy policy only
+        req = pending_req(slot, kv_len=kv)
+        req.draft.draft_kv_len = kv - pending
+        out = []
+        for c in ctls:
+            c.time_model = synthetic(**coef)
+            c.on_admit(slot)
+            for d, a in history:
+                c.tracker.observe([slot], [d], [a])
+            for _ in range(idle):
+                c.tracker.observe_idle()
+            c.prev[slot] = prev
+            out.append(c._run_policy([req], [cap], None if left is None else [left]))
+        assert out[0] == out[1]
+        p0, p1 = ctls[0].policy, ctls[1].policy
+        if p1.last_bound_ratio is None:
+            assert p0.last_bound_ratio is None
+            drafted += any(out[0])
+        else:
+            assert p0.last_bound_ratio == pytest.approx(p1.last_bound_ratio, rel=1e-12)
+            ruled += 1
+        assert p0.last_predicted_rate == pytest.approx(p1.last_predicted_rate, rel=1e-12)
+        t0, t1 = ctls[0].tracker, ctls[1].tracker
+        assert t0.synced.tolist() == t1.synced.tolist()
+        assert t0.req_att.tolist() == t1.req_att.tolist()
+        assert t0.req_acc.tolist() == t1.req_acc.tolist()
+    assert ruled >= 30 and drafted >= 30

@@ -99,6 +99,33 @@ class AcceptanceTracker:
         prior = self.server_alpha()[None, :]  # [1, K]
         return (self.req_acc[idx] + s * prior) / (self.req_att[idx] + s)
 
+    def alpha_row(self, slot: int) -> list[float]:
+        """alphas([slot])[0] as a list of K floats, computed in plain Python with the same
+        operations in the same order (and the same update: the row's idle decay applied and
+        synced). For a policy run on a single request (AdaptiveController._single_rules_out):
+        alphas makes a dozen numpy calls, each ~10 us when such a run comes once in many steps
+        (CPU machine) where their arithmetic is a few nanoseconds."""
+        att = self.req_att[slot].tolist()
+        acc = self.req_acc[slot].tolist()
+        if self.idle_decay < 1.0:
+            # numpy's power, as _sync's (its SIMD loop may round differently from math.pow)
+            owed = np.array([self.steps - self.synced[slot]], dtype=np.float64)
+            f = float(np.power(self.idle_decay, owed)[0])
+            att = [a * f for a in att]
+            acc = [a * f for a in acc]
+            self.req_att[slot] = att
+            self.req_acc[slot] = acc
+        self.synced[slot] = self.steps
+        s, ps = self.server_prior_count, self.prior_strength
+        base = s * self.initial_accept
+        out = []
+        for srv_acc, srv_att, a, t in zip(
+            self.server_acc.tolist(), self.server_att.tolist(), acc, att, strict=True
+        ):
+            prior = (srv_acc + base) / (srv_att + s)  # server_alpha()
+            out.append((a + ps * prior) / (t + ps))
+        return out
+
     def observe(self, slots: list[int], draft_lens: list[int], accepted: list[int]) -> None:
         """Record one verify step. draft_lens[i] = d_i proposed (0: nothing observed),
         accepted[i] = drafts accepted (0 <= accepted[i] <= d_i)."""

@@ -173,6 +173,13 @@ class GoodputPolicy:
         self._rated = rate_keep
         return keep
 
+    def note_all_zero(self, bound_ratio: float, plain_rate: float) -> None:
+        """Record a run that returned all zeros because the bound check ruled drafting out,
+        decided outside choose (AdaptiveController._single_rules_out): its bound ratio and
+        its rate, the plain rate in tokens per second (what choose would rate all zeros)."""
+        self.last_bound_ratio = bound_ratio
+        self._rated = plain_rate
+
     @staticmethod
     def rate(view: BatchView, d: np.ndarray, time_fn: TimeFn) -> float:
         """Predicted committed tokens per second of allocation d [n]."""

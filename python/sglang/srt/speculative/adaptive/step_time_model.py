@@ -204,6 +204,8 @@ class StepTimeModel:
         full = {**DEFAULT_COEF, **coef}
         self.prior = np.array([full[f] for f in FEATURES]) * _SCALES  # scaled, [F]
         self.theta = self.prior.copy()
+        # (theta, theta / _SCALES as floats) for predict_row; theta is replaced, never changed
+        self._row_coef: tuple[np.ndarray, list[float]] | None = None
         # per regime (row r of _index): discounted statistics as of its last measured step
         # _last[r] (update index): _grams[r] [F, F] = sum w z z^T, _moments[r] [F] = sum w z y
         n = len(FEATURES)
@@ -251,6 +253,19 @@ class StepTimeModel:
         does not run, and for the policy's bound check."""
         t = np.maximum((x / _SCALES) @ self.theta, 1e-6)
         return float(t) if t.ndim == 0 else t
+
+    def predict_row(self, x: Sequence[float]) -> float:
+        """predict_unsolved of one [F] feature row in plain Python: the same products (the
+        scales are powers of two, so x / scale * theta is x * (theta / scale) exactly), summed
+        in order, where numpy's matrix product may sum in another order (equal up to
+        rounding). For a policy run on a single request (AdaptiveController.
+        _single_rules_out), where numpy's per-call cost dwarfs 9 products."""
+        if self._row_coef is None or self._row_coef[0] is not self.theta:
+            self._row_coef = (self.theta, (self.theta / _SCALES).tolist())
+        t = 0.0
+        for v, c in zip(x, self._row_coef[1], strict=True):
+            t += v * c
+        return max(t, 1e-6)
 
     def update(self, x: np.ndarray | Sequence[float], measured_s: float) -> None:
         """Correct the model with one measured step (x: [F] array or sequence, measured_s:
