@@ -330,9 +330,12 @@ class StepTimeModel:
             self._dirty = False
 
 
-# Updates between re-solves when nothing reads the model. A solve is ~0.1-0.2 ms of numpy:
-# every 8 updates it cost 12 us per plain step at batch 1 on the CPU machine.
-SOLVE_EVERY = 64
+# Updates between re-solves when nothing reads the model (while nothing drafts, the policy's
+# bound check reads the last solve, and nothing else does). A solve is ~0.1-0.2 ms of numpy in
+# a loop, but ~0.95 ms inside a scheduler that solves once in many steps, with the caches cold
+# (CPU machine, batch 1): every 64 updates that was 14.2 us per plain step, every 256 updates
+# 5.3 (thirty-first session); the bound check's coefficients are then up to 256 steps old.
+SOLVE_EVERY = 256
 
 
 def _ridge_nonneg(gram: np.ndarray, rhs: np.ndarray, prior: np.ndarray, lam: float) -> np.ndarray:
