@@ -4,10 +4,11 @@
         --result-file benchmark/results/commit_host_cpu.json
 
 The in-process Scheduler on a tiny random model (tiny EAGLE-3 draft for `adaptive_no_drafts`,
-under a fixed step-time model where drafting never pays: every step is a plain decode, the
-common case under load), --batch-size streamed greedy requests. Per configuration, after 3
-steps, the median (and, as `<phase>_mean`, the mean) ms per step over --steps steps of the
-scheduler's host phases: `plan` (BatchBuilder.get_next_batch_to_run: the batch and,
+under a fixed step-time model where drafting never pays, or with --online one that learns
+online from a prior where it never pays: every step is a plain decode, the common case under
+load), --batch-size streamed greedy requests. Per configuration, after 3 steps, the median
+(and, as `<phase>_mean`, the mean) ms per step over --steps steps of the scheduler's host
+phases: `plan` (BatchBuilder.get_next_batch_to_run: the batch and,
 speculative, the draft lengths), `build` (build_model_worker_batch), `commit`
 (OutputProcessor.process_batch_result: tokens, KV lengths, and on the speculative server its
 counters and pending hidden states) and `flush` (detokenization and the BatchStrOut message).
@@ -22,6 +23,7 @@ is appended to --result-file.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -80,9 +82,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--label", default="current")
     p.add_argument("--result-file", default=None)
+    p.add_argument(
+        "--online",
+        action="store_true",
+        help="the adaptive step-time model learns online (the default of a server) from a "
+        "prior under which drafting never pays, instead of fixed coefficients: its periodic "
+        "re-solves then count",
+    )
     args = p.parse_args(argv)
     model, draft = tiny_target_and_draft()
     cfgs = plain_and_adaptive_no_drafts(draft)
+    if args.online:
+        cfgs["adaptive_no_drafts"]["speculative_adaptive_config"] = json.dumps(
+            {"time_model": {"verify_tokens": 1.0}}
+        )
     rounds: dict[str, list[dict]] = {name: [] for name in cfgs}
     for _ in range(args.rounds):
         for name, kw in cfgs.items():
@@ -94,7 +107,12 @@ def main(argv: list[str] | None = None) -> dict:
         "label": args.label,
         "sglang_path": __import__("sglang").__file__,
         "git_commit_of_cwd": git_commit_of_cwd(),
-        "settings": {"batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds},
+        "settings": {
+            "batch_size": args.batch_size,
+            "steps": args.steps,
+            "rounds": args.rounds,
+            "online": args.online,
+        },
         "ms_per_step_min_over_rounds": best,
         "adaptive_minus_plain_ms": {
             k: round(best["adaptive_no_drafts"][k] - plain[k], 4) for k in plain
