@@ -39,7 +39,7 @@ step's CUDA graphs: the step time model's long_catchup), spread the same way (lo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +109,53 @@ def drafting_steps_left(
     gains = np.cumprod(alphas, axis=1)
     per_step = 1.0 + (gains * (np.arange(alphas.shape[1])[None, :] < caps[:, None])).sum(1)
     return np.asarray(tokens_left, dtype=np.float64) / per_step
+
+
+def single_request_bound_rates(
+    alpha: Sequence[float],
+    cap: int,
+    left: int | None,
+    pending: int,
+    kv_tokens: int,
+    k: int,
+    horizon: int,
+    predict_row: Callable[[Sequence[float]], float],
+) -> tuple[float, float]:
+    """GoodputPolicy._bound_rates for a batch of one request, in plain Python, on the BatchView
+    that AdaptiveController._run_policy builds for it: (upper bound on any drafting
+    allocation's rate, the all-zero rate), tokens per second; nothing can beat all zeros when
+    the first is at most the second.
+
+    alpha: [K] the request's conditional acceptance per position; cap >= 1 its length cap;
+    left: tokens it may still generate (None: a full horizon of drafting steps); pending: its
+    catch-up positions (not amortized); kv_tokens: its context; k: the server's K; horizon:
+    cfg.catchup_horizon; predict_row: seconds of one [F] feature row (StepTimeModel.
+    predict_row). The same operations in the same order as drafting_steps_left,
+    amortized_pending, the long catch-up share and the bound, except sums numpy may take in
+    another order (equal up to rounding)."""
+    gains = []  # expected tokens added by draft j < cap (cumulative products)
+    g = 1.0
+    for a in alpha[:cap]:
+        g *= a
+        gains.append(g)
+    steps = float(horizon) if left is None else left / (1.0 + sum(gains))  # drafting_steps_left
+    h = min(max(steps, 1.0), float(max(horizon, 1)))  # spread_steps
+    p = float(pending)
+    steady = cap + 1
+    pend = min(p, steady) + max(p - steady, 0.0) / h  # amortized_pending
+    share = 1.0 / h if p > k + 1 else 0.0  # long_share
+    kv = float(kv_tokens)
+    # the four rows of _bound_rates at n = 1, in FEATURES order
+    t0 = predict_row((1.0, 1.0, 1.0, 0.0, 0.0, 0.0, kv, 0.0, 0.0))
+    t1 = predict_row((1.0, 1.0, 2.0, pend, 1.0, 1.0, kv, 1.0, share))
+    t_same = predict_row((1.0, 1.0, 3.0, pend + 1, 1.0, 1.0, kv, 1.0, share))
+    t_other = predict_row((1.0, 1.0, 3.0, 2 * pend, 1.0, 1.0, kv, 2.0, share))
+    delta = max(min(t_same, t_other) - t1, 0.0)
+    top, total = 0.0, 0.0
+    for m, gain in enumerate(sorted(gains, reverse=True)):
+        total += gain
+        top = max(top, (1.0 + total) / (t1 + delta * m))
+    return top, 1.0 / t0
 
 
 def expected_batch_tokens(alphas: np.ndarray, d: np.ndarray) -> float:
