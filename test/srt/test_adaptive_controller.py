@@ -703,8 +703,11 @@ def test_single_request_bound_check_matches_the_policy(seed):
     histories (drafting steps, then idle steps), step-time models, pending positions, KV
     lengths, caps and tokens left, a controller with it and one running the numpy policy only
     choose the same lengths, report the same bound ratio and rate (to rounding) and end with
-    the same acceptance state; the check rules drafting out in some runs and not in others."""
+    the same acceptance state; the check rules drafting out in some runs and not in others.
+    The rate is read after the model learnt online past a re-solve, in half the runs: both
+    rate all zeros when read, with the coefficients of that time."""
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
+    from sglang.srt.speculative.adaptive.step_time_model import SOLVE_EVERY, plain_step_features
 
     rng = random.Random(seed)
     cfg = parse_adaptive_config(None)
@@ -734,6 +737,7 @@ def test_single_request_bound_check_matches_the_policy(seed):
         prev = rng.choice([0, -1])
         cap = rng.randrange(1, K + 1)
         left = rng.choice([None, rng.randrange(2, 600)])
+        online = rng.random() < 0.5
         slot = 2
         ctls = [AdaptiveController(cfg, K, 4), AdaptiveController(cfg, K, 4)]
         ctls[1]._single_rules_out = lambda *a: False  # the numpy policy only
@@ -741,7 +745,7 @@ def test_single_request_bound_check_matches_the_policy(seed):
         req.draft.draft_kv_len = kv - pending
         out = []
         for c in ctls:
-            c.time_model = synthetic(**coef)
+            c.time_model = StepTimeModel({**ZERO, **coef}) if online else synthetic(**coef)
             c.on_admit(slot)
             for d, a in history:
                 c.tracker.observe([slot], [d], [a])
@@ -749,6 +753,9 @@ def test_single_request_bound_check_matches_the_policy(seed):
                 c.tracker.observe_idle()
             c.prev[slot] = prev
             out.append(c._run_policy([req], [cap], None if left is None else [left]))
+            if online:  # past a re-solve before the rate is read
+                for i in range(SOLVE_EVERY + 8):
+                    c.time_model.update(plain_step_features(1, kv + i), 2e-3)
         assert out[0] == out[1]
         p0, p1 = ctls[0].policy, ctls[1].policy
         if p1.last_bound_ratio is None:

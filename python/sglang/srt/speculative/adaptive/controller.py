@@ -297,7 +297,8 @@ class AdaptiveController:
         )
         if top > plain:
             return False
-        self.policy.note_all_zero(top / plain, plain)
+        row, plain_x = self.time_model.predict_row, plain_step_features(1, req.kv_len)
+        self.policy.note_all_zero(top / plain, lambda: 1.0 / row(plain_x))
         return True
 
     def _probe_due(self) -> bool:

@@ -175,7 +175,7 @@ class GoodputPolicy:
         # the returned allocation's predicted rate, or what rates it when read (view,
         # allocation, time function): under load the policy's runs return all zeros with no
         # rate to compare, and rating them anyway cost ~70 us a run on the CPU machine
-        self._rated: float | tuple[BatchView, np.ndarray, TimeFn] = 0.0
+        self._rated: float | tuple[BatchView, np.ndarray, TimeFn] | Callable[[], float] = 0.0
         self.last_bound_ratio: float | None = None  # see choose
 
     @property
@@ -185,6 +185,8 @@ class GoodputPolicy:
         re-solves nothing)."""
         if isinstance(self._rated, tuple):
             self._rated = self.rate(*self._rated)
+        elif callable(self._rated):  # note_all_zero's
+            self._rated = self._rated()
         return self._rated
 
     def choose(
@@ -220,10 +222,11 @@ class GoodputPolicy:
         self._rated = rate_keep
         return keep
 
-    def note_all_zero(self, bound_ratio: float, plain_rate: float) -> None:
+    def note_all_zero(self, bound_ratio: float, plain_rate: Callable[[], float]) -> None:
         """Record a run that returned all zeros because the bound check ruled drafting out,
-        decided outside choose (AdaptiveController._single_rules_out): its bound ratio and
-        its rate, the plain rate in tokens per second (what choose would rate all zeros)."""
+        decided outside choose (AdaptiveController._single_rules_out): its bound ratio, and
+        what rates it, the plain rate in tokens per second, computed when last_predicted_rate
+        is read (as choose rates all zeros: with the model's coefficients at that time)."""
         self.last_bound_ratio = bound_ratio
         self._rated = plain_rate
 
