@@ -46,6 +46,11 @@ identical servers differ by up to 1.8x in one round and 0.82-0.94 in the median 
 with the longer points (`paired_smollm2_aa_h200_s12.json`) the A/A medians were 0.86-1.20, so
 a ratio read from these runs carries about that much noise. `--add-config no_spec_b=` adds
 such an A/A control.
+With --restart-every N every server is stopped and started again (same flags and CPUs) before
+each round r > 0 with r % N == 0, and each point records the instance that ran it: identical
+processes of one configuration differ by more than the ratios sought (thirty-first session:
+0.65-0.82 ms per batch-1 step, pinned to one core), so ratios over rounds of one instance
+carry that process's bias.
 Time-boxed by --deadline-s (the points left are recorded as skipped). A server that fails to
 start stops the run (its error and log tail under `configs`); an interrupt (SIGTERM, Ctrl-C) or
 a failure outside a point is recorded as `error`; every server started is killed either way.
@@ -101,6 +106,13 @@ def schedule(
     raise ValueError(f"order must be 'round' or 'concurrency', got {order!r}")
 
 
+def instance_of(r: int, restart_every: int | None) -> int:
+    """The server instance that runs round r: every configuration's servers are started
+    again before each round r > 0 with r % restart_every == 0 (--restart-every), so rounds
+    [k * n, (k + 1) * n) run on instance k; 0 throughout without restarts."""
+    return r // restart_every if restart_every else 0
+
+
 class PairedRun:
     def __init__(self, args, preset, result: dict) -> None:
         self.args, self.preset, self.result = args, preset, result
@@ -114,33 +126,48 @@ class PairedRun:
         with open(self.args.result_file.rsplit(".", 1)[0] + ".md", "w") as f:
             f.write(markdown(self.result))
 
-    def start_servers(self) -> bool:
-        """Start each configuration's server, one after another; False when one failed."""
+    def start_servers(self, instance: int = 0) -> bool:
+        """Start each configuration's server, one after another; False when one failed.
+        instance > 0 (--restart-every): the servers running are stopped first and started
+        again with the same flags and CPUs, each start recorded under its configuration's
+        `restarts` (the prompt rows are the first instance's)."""
         a = self.args
         os.makedirs(a.log_dir, exist_ok=True)
         for name in a.configs:
-            flags = config_flags(self.preset, name, self.sweep.extra)
-            flags += shlex.split(a.server_args)
-            cfg: dict[str, Any] = {"name": name, "flags": flags}
-            self.result["configs"].append(cfg)
-            log_path = os.path.join(a.log_dir, f"paired_{a.preset}_{name}.log")
+            if instance == 0:
+                flags = config_flags(self.preset, name, self.sweep.extra)
+                flags += shlex.split(a.server_args)
+                cfg: dict[str, Any] = {"name": name, "flags": flags}
+                self.result["configs"].append(cfg)
+                log_path = os.path.join(a.log_dir, f"paired_{a.preset}_{name}.log")
+                record = cfg
+            else:
+                cfg = next(c for c in self.result["configs"] if c["name"] == name)
+                flags = cfg["flags"]
+                self.servers.pop(name).stop()
+                record = {"instance": instance}
+                cfg.setdefault("restarts", []).append(record)
+                log_path = os.path.join(a.log_dir, f"paired_{a.preset}_{name}_i{instance}.log")
             t0 = time.monotonic()
             try:
-                self.sweep.make_draft(flags)
+                if instance == 0:
+                    self.sweep.make_draft(flags)
                 cpus = a.cpu_sets[a.configs.index(name)] if a.cpu_sets else a.inherited_cpus
                 server = self.servers[name] = Server(flags, log_path, cpus)
-                cfg["cpus"] = cpus
-                cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
+                if instance == 0:
+                    cfg["cpus"] = cpus
+                    cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
                 server.wait_ready(max(1.0, min(a.startup_timeout_s, self.left())))
-                cfg["startup_s"] = time.monotonic() - t0
+                record["startup_s"] = time.monotonic() - t0
             except Exception as e:  # noqa: BLE001 - recorded; no comparison without it
-                cfg.update(status="error", error="server start: " + error_record(e))
-                cfg["log_tail"] = log_tail(log_path)
+                record.update(status="error", error="server start: " + error_record(e))
+                record["log_tail"] = log_tail(log_path)
                 return False
-        n_max = max(self.sweep.num_prompts(c) for c in a.concurrency)
-        # on the Sweep, whose run_point measures each point
-        self.sweep.rows = load_rows(self.servers[a.configs[0]], a, n_max)
-        self.result["num_rows"] = len(self.sweep.rows)
+        if instance == 0:
+            n_max = max(self.sweep.num_prompts(c) for c in a.concurrency)
+            # on the Sweep, whose run_point measures each point
+            self.sweep.rows = load_rows(self.servers[a.configs[0]], a, n_max)
+            self.result["num_rows"] = len(self.sweep.rows)
         return True
 
     def left(self) -> float:
@@ -153,9 +180,17 @@ class PairedRun:
             if not self.start_servers():
                 return
             a = self.args
+            instance = 0
             for c, r, name in schedule(a.concurrency, a.rounds, a.configs, a.order):
+                if instance_of(r, a.restart_every) != instance:  # --restart-every
+                    instance = instance_of(r, a.restart_every)
+                    # past the deadline the points are recorded as skipped (point); a server
+                    # that fails to start again ends the run (its error under `restarts`)
+                    if self.left() >= MIN_POINT_S and not self.start_servers(instance):
+                        return
                 n = min(self.sweep.num_prompts(c), len(self.sweep.rows))
                 self.point(name, c, r, n)
+                self.result["points"][-1]["instance"] = instance
                 self.save()
         finally:
             for server in self.servers.values():
@@ -224,6 +259,15 @@ def main(argv: list[str] | None = None) -> dict:
         "point records the host's speed while it ran (host_probe_us), and the tables add "
         "ratios adjusted for it",
     )
+    p.add_argument(
+        "--restart-every",
+        type=int,
+        default=None,
+        help="with --order round: stop every server and start it again (same flags and CPUs) "
+        "before each round r > 0 with r %% N == 0, so that the ratios average over server "
+        "processes too (in the thirty-first session the same configuration ran 0.65-0.82 ms "
+        "per batch-1 step in processes pinned to one core); each point records its instance",
+    )
     p.set_defaults(min_prompts=24, prompts_per_concurrency=8)  # longer points (docstring)
     args = p.parse_args(argv)
     if args.config_budget_s is not None:
@@ -238,6 +282,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--configs names a configuration twice: {args.configs}")
     if args.rotate_cpu_sets and not args.cpu_sets:
         raise SystemExit("--rotate-cpu-sets needs --cpu-sets")
+    if args.restart_every is not None:
+        if args.restart_every < 1:
+            raise SystemExit(f"--restart-every must be >= 1, got {args.restart_every}")
+        if args.order != "round":  # rounds of one c back to back: a restart between each
+            raise SystemExit("--restart-every needs --order round")
     if args.cpu_sets is not None and len(args.cpu_sets) != len(args.configs):
         raise SystemExit(
             f"--cpu-sets gives {len(args.cpu_sets)} CPU lists for configurations {args.configs}"
@@ -270,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
             "preset", "configs", "concurrency", "rounds", "output_len", "min_prompts",
             "prompts_per_concurrency", "max_prompts", "dataset", "dataset_path",
             "chat_template", "server_args", "deadline_s", "cpu_sets", "client_cpus",
-            "rotate_cpu_sets", "order", "host_probe_cpu",
+            "rotate_cpu_sets", "order", "host_probe_cpu", "restart_every",
         )
     }  # fmt: skip
     settings["model_flags"] = preset.model_flags

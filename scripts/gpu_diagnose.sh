@@ -116,7 +116,8 @@
 #                                    # (6) rounds, CPU sets rotated, the probe on CPU 15
 #   bash scripts/gpu_diagnose.sh AB  # two adaptive and two no_spec SmolLM2 servers at c = 1,
 #                                    # CPU sets rotated, AB_ROUNDS (16), after the host's CPU
-#                                    # topology (thirtieth session)
+#                                    # topology (thirtieth session); AB_RESTART=N: fresh server
+#                                    # processes every N rounds (--restart-every)
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -604,6 +605,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
       --configs no_spec adaptive no_spec_b adaptive_b --add-config no_spec_b= \
       --add-config "adaptive_b=$ab" --concurrency 1 --rounds "${AB_ROUNDS:-16}" \
       --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --host-probe-cpu 15 --rotate-cpu-sets \
+      ${AB_RESTART:+--restart-every "$AB_RESTART"} \
       --deadline-s "$(( $(left) - 20 ))" --result-file "$D/paired_smollm2_ab_$TAG.json" \
       --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
     cp "$D"/paired_smollm2_ab_"$TAG".{md,json} "$OUT"/ 2>/dev/null

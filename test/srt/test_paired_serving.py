@@ -477,3 +477,84 @@ def test_waits_per_step_counts_this_process_faults():
         {"run_delay_s": 1.0, "nvcsw": 2.0}, {"run_delay_s": 1.5, "nvcsw": 6.0}, 2
     )
     assert synthetic == {"run_delay_us": 250000.0, "nvcsw": 2.0}
+
+
+class _FakeServer:
+    """bench_server.Server's surface as PairedRun uses it, recording starts and stops."""
+
+    log: list = []
+
+    def __init__(self, flags, log_path, cpus=None) -> None:
+        self.flags, self.cmd = flags, ["fake", *flags]
+        self.proc = type("P", (), {"poll": staticmethod(lambda: None)})()
+        self.stopped = False
+        _FakeServer.log.append(("start", log_path))
+
+    def wait_ready(self, timeout_s: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.stopped = True
+        _FakeServer.log.append(("stop", id(self)))
+
+    def set_cpus(self, cpus: str) -> int:
+        return 0
+
+
+def test_restart_every_runs_rounds_on_fresh_server_instances(monkeypatch, tmp_path):
+    """--restart-every 2 with 5 rounds: every configuration's server is started three times
+    (before rounds 0, 2 and 4), the old one stopped first, each point records the instance
+    that ran it (r // 2), each configuration its restarts; the prompts are read once."""
+    import paired_serving
+    from sweep_serving import Sweep
+
+    _FakeServer.log = []
+    monkeypatch.setattr(paired_serving, "Server", _FakeServer)
+    loads = []
+    monkeypatch.setattr(paired_serving, "load_rows", lambda srv, a, n: loads.append(n) or [0] * n)
+
+    def fake_point(self, server, name, point, left_s):
+        assert not server.stopped
+        point.update(status="ok", output_throughput=100.0, completed=point["num_prompts"])
+        point.update(median_ttft_ms=5.0, median_itl_ms=1.0)
+
+    monkeypatch.setattr(Sweep, "run_point", fake_point)
+    out = tmp_path / "r.json"
+    argv = ["--preset", "smollm2", "--configs", "no_spec", "adaptive", "--concurrency", "1"]
+    argv += ["--rounds", "5", "--restart-every", "2", "--result-file", str(out)]
+    argv += ["--log-dir", str(tmp_path / "logs")]
+    result = main(argv)
+    starts = [e for e in _FakeServer.log if e[0] == "start"]
+    assert len(starts) == 6 and len(loads) == 1
+    assert sum(e[0] == "stop" for e in _FakeServer.log) == 6  # 4 restarts + the end
+    by_round = {(p["config"], p["round"]): p["instance"] for p in result["points"]}
+    assert by_round == {(n, r): r // 2 for n in ("no_spec", "adaptive") for r in range(5)}
+    for cfg in result["configs"]:
+        assert [x["instance"] for x in cfg["restarts"]] == [1, 2]
+        assert all("startup_s" in x for x in cfg["restarts"])
+    assert result["settings"]["restart_every"] == 2
+
+
+@pytest.mark.parametrize(
+    "extra,why",
+    [
+        (["--restart-every", "0"], ">= 1"),
+        (["--restart-every", "2", "--order", "concurrency"], "round"),
+    ],
+)
+def test_bad_restart_every_stops_before_any_server(extra, why, tmp_path):
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit, match=why):
+        main(
+            [
+                "--preset",
+                "smollm2",
+                "--configs",
+                "no_spec",
+                "adaptive",
+                "--result-file",
+                str(out),
+                *extra,
+            ]
+        )
+    assert not out.exists()
