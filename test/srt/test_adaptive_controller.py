@@ -105,7 +105,7 @@ def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
         cfg = {"recheck_every": 32, "recheck_max": 32, "recheck_margin": margin}
         ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=16)
         ctl.time_model = model
-        assert policy_runs(ctl, sizes, reqs) == expected, (margin, ctl._zero_ratio)
+        assert policy_runs(ctl, sizes, reqs) == expected, (margin, ctl.reuse.ratio)
         ratio = ctl.info()["spec_zero_bound_ratio"]
         assert ratio is not None and 0 < ratio <= 1
         assert ctl.info()["spec_policy_runs"] == len(expected)

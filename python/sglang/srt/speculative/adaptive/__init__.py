@@ -7,6 +7,7 @@
 - registry.py: --speculative-adaptive-config parsing and the policy registry;
 - step_timing.py: what a committed step cost (wall intervals, overhead EMA, which to time);
 - drafting_report.py: drafting steps per batch-size bucket, predicted against measured;
+- zero_reuse.py: when an all-zero choice is reused instead of running the policy again;
 - controller.py: what SpecScheduler calls (choose, observe, info).
 """
 

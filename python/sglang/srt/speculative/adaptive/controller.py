@@ -34,6 +34,7 @@ from sglang.srt.speculative.adaptive.step_time_model import (
     plain_step_features,
 )
 from sglang.srt.speculative.adaptive.step_timing import StepTiming
+from sglang.srt.speculative.adaptive.zero_reuse import ZeroReuse
 from sglang.srt.speculative.spec_info import pending_positions
 
 logger = logging.getLogger(__name__)
@@ -101,15 +102,11 @@ class AdaptiveController:
             "measured_s": 0.0,
             "forward_s": 0.0,
         }
-        # an all-zero choice reused for _zero_left more steps while the batch has not shrunk
-        # below _zero_bs, the batch of its run, by more than cfg.recheck_shrink (_shrunk);
-        # _zero_window: the reuse window of the next all-zero choice
-        self._zero_left = 0
-        self._zero_bs = 0
-        self._zero_window = cfg.recheck_every
+        # when the goodput policy's last all-zero choice may be reused (reuse_zero)
+        self.reuse = ZeroReuse(
+            cfg.recheck_every, cfg.recheck_max, cfg.recheck_shrink, cfg.recheck_margin
+        )
         self._all_zero = False  # the goodput policy's last run chose no drafts at all
-        # the last all-zero run's bound ratio (GoodputPolicy.last_bound_ratio), or None
-        self._zero_ratio: float | None = None
         self.num_policy_runs = 0  # policy runs (choices not reused), for server info
 
     # ---------------------------------------------------------------- setup
@@ -128,51 +125,9 @@ class AdaptiveController:
 
     def reuse_zero(self, reqs: Sequence[Any]) -> bool:
         """True (and one reuse counted) when the goodput policy's last run chose all zeros,
-        less than its reuse window ago, for a batch that has not shrunk since (_shrunk: by more
-        than cfg.recheck_shrink): the policy is not run this step. The window is
-        cfg.recheck_every steps after a run that drafted or saw a shrunk batch, and doubles
-        (up to max(cfg.recheck_max, cfg.recheck_every)) with each further all-zero run on a
-        batch that has not shrunk. Under load, where requests join and
-        finish nearly every step, this keeps the decision's host cost (the policy's numpy
-        work, ~0.1-0.7 ms per run on the CPU machine, more on a GPU host where it competes for
-        the GIL with the worker's launches, plus each request's cap) off almost every step.
-
-        A heuristic with a bounded delay: a larger batch or a newly joined request (at the
-        server-wide acceptance prior) can make drafting pay, and that is then seen at the
-        recheck, at most one window late (recheck_max - 1 steps, 127 by default, once the
-        policy has kept choosing zeros for a while), and so is a batch that shrank by less than
-        cfg.recheck_shrink; a batch that shrank more re-runs the policy at once and resets
-        the window. The fixed and tiers baselines are never reused (they cost almost nothing
-        and must do what they are configured to do, e.g. a tier table that drafts more for
-        larger batches). Zeros are within any caps."""
-        if self._zero_left <= 0 or self._shrunk(len(reqs)):
-            return False
-        self._zero_left -= 1
-        return True
-
-    def _far_from_paying(self, bs: int) -> bool:
-        """cfg.recheck_margin > 0 and the last all-zero run's bound check put the best drafting
-        rate at most that fraction of the plain rate, for a batch bs at least half of the one
-        it ran on: a shrink then waits for the window instead of re-running the policy and
-        resetting the window. Under churn at bs 16 (CPU machine, requests finishing and joining
-        every few steps) shrink-triggered runs and the window resets they cause made the policy
-        run on 0.083 of the steps, ~330 us a run."""
-        ratio, margin = self._zero_ratio, self.cfg.recheck_margin
-        return margin > 0 and ratio is not None and ratio <= margin and 2 * bs >= self._zero_bs
-
-    def _shrunk(self, bs: int) -> bool:
-        """Whether a batch of bs requests is smaller than the one the last all-zero run saw
-        (_zero_bs) by more than cfg.recheck_shrink of it (rounded down, so below 8 requests at
-        the default 1/8 any shrink counts). Under load the decode batch dips by a request or
-        two nearly every step (requests finish; their successors join after their prefill),
-        and when every dip re-ran the policy and reset its window, the policy ran on about a
-        third of the steps at batch 64 (CPU machine, staggered requests; ~0.5 ms per run
-        there). A dip that small barely changes what a step costs per request, so it waits
-        for the recheck; a real shrink (a burst draining) still re-runs at once, unless
-        cfg.recheck_margin says drafting was far from paying (_far_from_paying)."""
-        # + 1e-9: a fraction such as 0.29 of 100 is 28.999... in floating point, not 29
-        cut = math.floor(self._zero_bs * self.cfg.recheck_shrink + 1e-9)
-        return bs < self._zero_bs - cut and not self._far_from_paying(bs)
+        less than its reuse window ago, for a batch that has not shrunk since: the policy is
+        not run this step (ZeroReuse, zero_reuse.py)."""
+        return self.reuse.take(len(reqs))
 
     def drafting_off(self) -> bool:
         """True while speculation is off for the server: the goodput policy's last run chose
@@ -197,7 +152,7 @@ class AdaptiveController:
         full cfg.catchup_horizon for every request)."""
         self.flush_observations()
         if not reqs or max(caps) == 0:
-            self._zero_left = 0
+            self.reuse.expire()
             return [0] * len(reqs)
         if self._probe_left > 0:  # the rest of a probe: plain steps, the policy not run
             self._probe_left -= 1
@@ -210,12 +165,8 @@ class AdaptiveController:
             chosen = self._run_policy(reqs, caps, remaining)
             ratio = getattr(self.policy, "last_bound_ratio", None)  # goodput only
         self._all_zero = self.policy.name == "goodput" and not any(chosen)
-        shrunk = self._shrunk(len(reqs))  # against the previous run's batch and ratio
-        self._zero_ratio = ratio if self._all_zero else None
-        if any(chosen) or shrunk:  # back to the shortest window
-            self._zero_window = self.cfg.recheck_every
+        self.reuse.after_run(len(reqs), any(chosen), self._all_zero, ratio)
         if any(chosen):
-            self._zero_left = self._zero_bs = 0
             if self._probe_due() or (guard is not None and guard.needs_plain(len(reqs))):
                 # Measure what not drafting costs now: without it an over-estimated plain
                 # step is never corrected while the policy keeps drafting, and the guard has
@@ -228,11 +179,6 @@ class AdaptiveController:
                 self._probe_left = self.cfg.probe_len - 1
                 self.num_probes += 1
                 return [0] * len(reqs)
-        elif self.policy.name == "goodput":
-            window = self._zero_window
-            self._zero_left, self._zero_bs = window - 1, len(reqs)
-            cap = max(self.cfg.recheck_max, self.cfg.recheck_every)
-            self._zero_window = min(2 * window, cap)
         return chosen
 
     def _run_policy(
@@ -483,7 +429,7 @@ class AdaptiveController:
             "spec_step_overhead_s": self.timing.overhead_s,
             "spec_zero_probes": self.num_probes,
             "spec_policy_runs": self.num_policy_runs,
-            "spec_zero_bound_ratio": self._zero_ratio,
+            "spec_zero_bound_ratio": self.reuse.ratio,
             "spec_transition_steps": self.num_transition_steps,
             "spec_last_step_sum_draft_len": self.last["sum_d"],
             "spec_step_time_coef": self.time_model.coefficients(),

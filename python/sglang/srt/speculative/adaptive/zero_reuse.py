@@ -1,0 +1,88 @@
+"""ZeroReuse: when the adaptive controller may reuse the goodput policy's last all-zero choice
+instead of running the policy again (AdaptiveController.reuse_zero).
+
+Under load, where requests join and finish nearly every step, this keeps the decision's host
+cost (the policy's numpy work, ~0.1-0.7 ms per run on the CPU machine, more on a GPU host, plus
+each request's cap) off almost every step. A heuristic with a bounded delay: a larger batch or
+a newly joined request (at the server-wide acceptance prior) can make drafting pay, and that is
+then seen at the recheck, at most one window late (recheck_max - 1 steps, 127 by default, once
+the policy has kept choosing zeros for a while), and so is a batch that shrank by less than
+recheck_shrink; a batch that shrank more re-runs the policy at once and resets the window. The
+fixed and tiers baselines are never reused (they cost almost nothing and must do what they are
+configured to do, e.g. a tier table that drafts more for larger batches). Zeros are within any
+caps.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class ZeroReuse:
+    """The reuse window of an all-zero choice (cfg.recheck_every, recheck_max, recheck_shrink,
+    recheck_margin of AdaptiveConfig).
+
+    State: `left`, the steps the last all-zero choice may still be reused for; `bs`, the batch
+    size of its run; `window`, the reuse window of the next all-zero choice (recheck_every
+    after a run that drafted or saw a shrunk batch, doubling with each further all-zero run
+    up to max(recheck_max, recheck_every)); `ratio`, the last all-zero run's bound ratio
+    (GoodputPolicy.last_bound_ratio), or None.
+    """
+
+    def __init__(self, every: int, max_window: int, shrink: float, margin: float) -> None:
+        self.every, self.max_window = every, max(max_window, every)
+        self.shrink, self.margin = shrink, margin
+        self.left = 0
+        self.bs = 0
+        self.window = every
+        self.ratio: float | None = None
+
+    def take(self, bs: int) -> bool:
+        """True (and one reuse counted) when the last all-zero choice is less than its window
+        old and the batch, now bs requests, has not shrunk since (shrunk)."""
+        if self.left <= 0 or self.shrunk(bs):
+            return False
+        self.left -= 1
+        return True
+
+    def expire(self) -> None:
+        """The next step runs the policy (nothing could draft this step)."""
+        self.left = 0
+
+    def far_from_paying(self, bs: int) -> bool:
+        """margin > 0 and the last all-zero run's bound check put the best drafting rate at
+        most that fraction of the plain rate, for a batch bs at least half of the one it ran
+        on: a shrink then waits for the window instead of re-running the policy and resetting
+        the window. Under churn at bs 16 (CPU machine, requests finishing and joining every few
+        steps) shrink-triggered runs and the window resets they cause made the policy run on
+        0.083 of the steps, ~330 us a run."""
+        ratio, margin = self.ratio, self.margin
+        return margin > 0 and ratio is not None and ratio <= margin and 2 * bs >= self.bs
+
+    def shrunk(self, bs: int) -> bool:
+        """Whether a batch of bs requests is smaller than the one the last all-zero run saw
+        (self.bs) by more than `shrink` of it (rounded down, so below 8 requests at the default
+        1/8 any shrink counts). Under load the decode batch dips by a request or two nearly
+        every step (requests finish; their successors join after their prefill), and when
+        every dip re-ran the policy and reset its window, the policy ran on about a third of
+        the steps at batch 64 (CPU machine, staggered requests; ~0.5 ms per run there). A dip
+        that small barely changes what a step costs per request, so it waits for the recheck;
+        a real shrink (a burst draining) still re-runs at once, unless `margin` says drafting
+        was far from paying (far_from_paying)."""
+        # + 1e-9: a fraction such as 0.29 of 100 is 28.999... in floating point, not 29
+        cut = math.floor(self.bs * self.shrink + 1e-9)
+        return bs < self.bs - cut and not self.far_from_paying(bs)
+
+    def after_run(self, bs: int, drafted: bool, all_zero: bool, ratio: float | None) -> None:
+        """A policy run on bs requests chose drafts (drafted), or all zeros as the goodput
+        policy (all_zero, with its bound ratio `ratio`, None when the bound check did not
+        decide): the window for what follows."""
+        shrunk = self.shrunk(bs)  # against the previous run's batch and ratio
+        self.ratio = ratio if all_zero else None
+        if drafted or shrunk:  # back to the shortest window
+            self.window = self.every
+        if drafted:
+            self.left = self.bs = 0
+        elif all_zero:
+            self.left, self.bs = self.window - 1, bs
+            self.window = min(2 * self.window, self.max_window)
