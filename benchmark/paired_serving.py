@@ -126,49 +126,57 @@ class PairedRun:
         with open(self.args.result_file.rsplit(".", 1)[0] + ".md", "w") as f:
             f.write(markdown(self.result))
 
-    def start_servers(self, instance: int = 0) -> bool:
-        """Start each configuration's server, one after another; False when one failed.
-        instance > 0 (--restart-every): the servers running are stopped first and started
-        again with the same flags and CPUs, each start recorded under its configuration's
-        `restarts` (the prompt rows are the first instance's)."""
+    def start_servers(self) -> bool:
+        """Start each configuration's server, one after another; False when one failed."""
         a = self.args
         os.makedirs(a.log_dir, exist_ok=True)
         for name in a.configs:
-            if instance == 0:
-                flags = config_flags(self.preset, name, self.sweep.extra)
-                flags += shlex.split(a.server_args)
-                cfg: dict[str, Any] = {"name": name, "flags": flags}
-                self.result["configs"].append(cfg)
-                log_path = os.path.join(a.log_dir, f"paired_{a.preset}_{name}.log")
-                record = cfg
-            else:
-                cfg = next(c for c in self.result["configs"] if c["name"] == name)
-                flags = cfg["flags"]
-                self.servers.pop(name).stop()
-                record = {"instance": instance}
-                cfg.setdefault("restarts", []).append(record)
-                log_path = os.path.join(a.log_dir, f"paired_{a.preset}_{name}_i{instance}.log")
-            t0 = time.monotonic()
-            try:
-                if instance == 0:
-                    self.sweep.make_draft(flags)
-                cpus = a.cpu_sets[a.configs.index(name)] if a.cpu_sets else a.inherited_cpus
-                server = self.servers[name] = Server(flags, log_path, cpus)
-                if instance == 0:
-                    cfg["cpus"] = cpus
-                    cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
-                server.wait_ready(max(1.0, min(a.startup_timeout_s, self.left())))
-                record["startup_s"] = time.monotonic() - t0
-            except Exception as e:  # noqa: BLE001 - recorded; no comparison without it
-                record.update(status="error", error="server start: " + error_record(e))
-                record["log_tail"] = log_tail(log_path)
+            flags = config_flags(self.preset, name, self.sweep.extra)
+            flags += shlex.split(a.server_args)
+            cfg: dict[str, Any] = {"name": name, "flags": flags}
+            self.result["configs"].append(cfg)
+            if not self.start_one(name, flags, f"paired_{a.preset}_{name}.log", cfg):
                 return False
-        if instance == 0:
-            n_max = max(self.sweep.num_prompts(c) for c in a.concurrency)
-            # on the Sweep, whose run_point measures each point
-            self.sweep.rows = load_rows(self.servers[a.configs[0]], a, n_max)
-            self.result["num_rows"] = len(self.sweep.rows)
+        n_max = max(self.sweep.num_prompts(c) for c in a.concurrency)
+        # on the Sweep, whose run_point measures each point
+        self.sweep.rows = load_rows(self.servers[a.configs[0]], a, n_max)
+        self.result["num_rows"] = len(self.sweep.rows)
         return True
+
+    def restart_servers(self, instance: int) -> bool:
+        """--restart-every: stop each configuration's server and start it again with the same
+        flags and CPUs, one after another, each start recorded under its configuration's
+        `restarts`; False when one failed (the prompt rows stay the first instance's)."""
+        for cfg in self.result["configs"]:
+            name = cfg["name"]
+            self.servers.pop(name).stop()
+            record: dict[str, Any] = {"instance": instance}
+            cfg.setdefault("restarts", []).append(record)
+            log = f"paired_{self.args.preset}_{name}_i{instance}.log"
+            if not self.start_one(name, cfg["flags"], log, record):
+                return False
+        return True
+
+    def start_one(self, name: str, flags: list[str], log_name: str, record: dict) -> bool:
+        """Start configuration `name`'s server (on its CPU set, if any; the preset's dummy
+        draft first, once per run) and wait until it is ready. Into `record`: its CPUs, its
+        command and its start-up seconds, or its error and log tail (False)."""
+        a = self.args
+        log_path = os.path.join(a.log_dir, log_name)
+        t0 = time.monotonic()
+        try:
+            self.sweep.make_draft(flags)
+            cpus = a.cpu_sets[a.configs.index(name)] if a.cpu_sets else a.inherited_cpus
+            server = self.servers[name] = Server(flags, log_path, cpus)
+            record["cpus"] = cpus
+            record["command"] = " ".join(shlex.quote(c) for c in server.cmd)
+            server.wait_ready(max(1.0, min(a.startup_timeout_s, self.left())))
+            record["startup_s"] = time.monotonic() - t0
+            return True
+        except Exception as e:  # noqa: BLE001 - recorded; no comparison without it
+            record.update(status="error", error="server start: " + error_record(e))
+            record["log_tail"] = log_tail(log_path)
+            return False
 
     def left(self) -> float:
         return self.sweep.deadline - time.monotonic()
@@ -186,7 +194,7 @@ class PairedRun:
                     instance = instance_of(r, a.restart_every)
                     # past the deadline the points are recorded as skipped (point); a server
                     # that fails to start again ends the run (its error under `restarts`)
-                    if self.left() >= MIN_POINT_S and not self.start_servers(instance):
+                    if self.left() >= MIN_POINT_S and not self.restart_servers(instance):
                         return
                 n = min(self.sweep.num_prompts(c), len(self.sweep.rows))
                 self.point(name, c, r, n)
