@@ -12,6 +12,9 @@ phases: `plan` (BatchBuilder.get_next_batch_to_run: the batch and,
 speculative, the draft lengths), `build` (build_model_worker_batch), `commit`
 (OutputProcessor.process_batch_result: tokens, KV lengths, and on the speculative server its
 counters and pending hidden states) and `flush` (detokenization and the BatchStrOut message).
+The adaptive configuration also reports `adaptive_calls`: its controller's policy runs and its
+step-time model's re-solves, ms per call where the scheduler makes them (caches cold) and how
+many over the steps (of the round with the fewest ms per call).
 The two configurations alternate for --rounds rounds and the minimum over rounds is kept, as
 this machine's speed drifts by up to 1.7x between runs. On the GPU host these run on the
 scheduler thread between launches, so at high concurrency they are part of every step's time.
@@ -58,12 +61,32 @@ def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
             return r
 
         setattr(obj, meth, timed)
+    # the adaptive controller's rare calls, each timed where the scheduler makes it (caches
+    # cold after the plain steps between them): its policy runs and the step-time model's
+    # re-solves
+    calls: dict[str, list[float]] = {}
+    if s.spec is not None and s.spec.adaptive is not None:
+        ctl = s.spec.adaptive
+        for obj, meth, key in (
+            (ctl, "_run_policy", "policy_run"),
+            (ctl.time_model, "_solve", "solve"),
+        ):
+            real = getattr(obj, meth)
+            calls[key] = []
+
+            def timed_call(*a, _real=real, _key=key, **k):
+                t0 = time.perf_counter()
+                r = _real(*a, **k)
+                calls[_key].append(time.perf_counter() - t0)
+                return r
+
+            setattr(obj, meth, timed_call)
     params = {"max_new_tokens": steps + 8, "temperature": 0, "ignore_eos": True}
     for i in range(bs):
         submit(s, f"r{i}", list(range(10, 40)), params, stream=True)
     for _ in range(3):
         s.step()
-    for v in times.values():
+    for v in [*times.values(), *calls.values()]:
         v.clear()
     for _ in range(steps):
         s.step()
@@ -71,6 +94,9 @@ def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
     # the mean too: work done once in n steps (e.g. deferred observations) moves it, not the
     # median
     out.update({f"{k}_mean": round(1e3 * statistics.mean(v), 4) for k, v in times.items()})
+    for k, v in calls.items():  # ms per call (mean) and calls over the timed steps
+        out[f"{k}_ms"] = round(1e3 * statistics.mean(v), 4) if v else 0.0
+        out[f"{k}s"] = len(v)
     run_until_idle(s, {})
     return out
 
@@ -103,6 +129,13 @@ def main(argv: list[str] | None = None) -> dict:
     keys = [*PHASES, *(f"{k}_mean" for k in PHASES)]
     best = {name: {k: min(r[k] for r in rs) for k in keys} for name, rs in rounds.items()}
     plain = best["plain"]
+    # the adaptive controller's rare calls: ms per call and count, of the round with the
+    # fewest ms per call
+    calls = {}
+    for key in ("policy_run", "solve"):
+        rs = rounds["adaptive_no_drafts"]
+        r = min(rs, key=lambda x, _k=key: x.get(f"{_k}_ms", 0.0))
+        calls[key] = {"ms_per_call": r.get(f"{key}_ms", 0.0), "calls": r.get(f"{key}s", 0)}
     result = {
         "label": args.label,
         "sglang_path": __import__("sglang").__file__,
@@ -114,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
             "online": args.online,
         },
         "ms_per_step_min_over_rounds": best,
+        "adaptive_calls": calls,
         "adaptive_minus_plain_ms": {
             k: round(best["adaptive_no_drafts"][k] - plain[k], 4) for k in plain
         },

@@ -103,8 +103,8 @@ class AcceptanceTracker:
         """alphas([slot])[0] as a list of K floats, computed in plain Python with the same
         operations in the same order (and the same update: the row's idle decay applied and
         synced). For a policy run on a single request (AdaptiveController._single_rules_out):
-        alphas makes a dozen numpy calls, each ~10 us when such a run comes once in many steps
-        (CPU machine) where their arithmetic is a few nanoseconds."""
+        alphas makes a dozen numpy calls, each far slower than its arithmetic when such a run
+        comes once in many steps with the caches cold."""
         att = self.req_att[slot].tolist()
         acc = self.req_acc[slot].tolist()
         if self.idle_decay < 1.0:

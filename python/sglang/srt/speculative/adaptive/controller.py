@@ -226,9 +226,10 @@ class AdaptiveController:
         would set them. False: nothing is decided, the numpy policy runs (the tracker row's
         idle decay is already applied, and applying it again changes nothing).
 
-        Why: at c = 1 the policy runs once per reuse window, ~70 numpy calls on arrays of one
-        row, 0.84 ms a run in the scheduler on the CPU machine (each call ~10 us with the
-        caches cold after the window's plain steps) against 0.16 ms this way. Equal to the
+        Why: at c = 1 the policy runs once per reuse window, dozens of numpy calls on arrays
+        of one row with the caches cold after the window's plain steps: 0.34 ms a run in the
+        scheduler on the CPU machine, 0.07 this way (profile_commit_host.py --online,
+        benchmark/results/commit_host_cpu.json, labels "s31 bs1 online calls"). Equal to the
         numpy check up to the rounding of sums taken in another order
         (test_single_request_bound_check_matches_the_policy)."""
         top, plain = single_request_bound_rates(

@@ -332,8 +332,9 @@ class StepTimeModel:
 
 # Updates between re-solves when nothing reads the model (while nothing drafts, the policy's
 # bound check reads the last solve, and nothing else does). A solve is ~0.1-0.2 ms of numpy in
-# a loop, but ~1 ms inside a scheduler that solves once in many steps, with the caches cold:
-# the adaptive commit's mean excess over a plain server's at batch 1 was 24.5 us per step with
+# a loop, but 0.75 ms (64 rows) to 1.16 ms (256) inside a scheduler that solves once in many
+# steps, with the caches cold (commit_host_cpu.json, labels "s31 bs1 online calls"); the
+# adaptive commit's mean excess over a plain server's at batch 1 was 24.5 us per step with
 # 64 and is 14.5 with 256 (CPU machine, `profile_commit_host.py --online`, commit_host_cpu.json
 # labels "s31 bs1 online"); the bound check's coefficients are then up to 256 steps old.
 SOLVE_EVERY = 256
