@@ -282,6 +282,12 @@ def main() -> None:
         help="keep OpenMP/OpenBLAS/MKL at one thread per core (a server's scheduler uses one)",
     )
     p.add_argument(
+        "--default-heap",
+        action="store_true",
+        help="keep pymalloc's heap (a server's CUDA scheduler puts it on huge pages: "
+        "utils/process.py scheduler_heap_env)",
+    )
+    p.add_argument(
         "--cuda-graph-prefill-max-tokens",
         type=int,
         default=None,
@@ -302,7 +308,7 @@ def main() -> None:
         return
     result: dict = {"meta": run_meta(sys.argv), "settings": vars(a), "modes": {}}
     from sglang.srt.model_loader.loader import resolve_model_path
-    from sglang.srt.utils.process import scheduler_thread_env
+    from sglang.srt.utils.process import scheduler_heap_env, scheduler_thread_env
 
     with open(f"{resolve_model_path(a.model_path)}/config.json") as f:
         weight_bytes = llama_weight_bytes(json.load(f), 2 if "16" in a.dtype else 4)["total"]
@@ -316,8 +322,9 @@ def main() -> None:
         seen[mode] = seen.get(mode, 0) + 1
         name = mode if seen[mode] == 1 else f"{mode}_{seen[mode]}"
         cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
-        env = dict(os.environ)  # the CPU thread pools of a server's scheduler process
+        env = dict(os.environ)  # the CPU thread pools and heap of a server's scheduler process
         env.update(scheduler_thread_env(a.device) if not a.default_cpu_pools else {})
+        env.update(scheduler_heap_env(a.device) if not a.default_heap else {})
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:

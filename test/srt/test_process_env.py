@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from sglang.srt.utils.process import CPU_POOL_ENV, child_env, scheduler_thread_env
+from sglang.srt.utils.process import (
+    CPU_POOL_ENV,
+    child_env,
+    glibc_version,
+    scheduler_heap_env,
+    scheduler_thread_env,
+    thp_mode,
+)
 
 
 def test_cuda_scheduler_gets_one_thread_per_pool_unless_the_user_set_one(monkeypatch):
@@ -24,6 +31,81 @@ def test_cpu_scheduler_keeps_its_thread_pools(monkeypatch):
     for k in CPU_POOL_ENV:
         monkeypatch.delenv(k, raising=False)
     assert scheduler_thread_env("cpu") == {}
+
+
+def _no_heap_env(monkeypatch):
+    for k in ("PYTHONMALLOC", "GLIBC_TUNABLES", "SGLANG_SCHEDULER_HUGEPAGE_HEAP"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr("sglang.srt.utils.process.glibc_version", lambda: (2, 36))
+
+
+def test_cuda_scheduler_heap_goes_on_huge_pages_unless_told_or_unable(monkeypatch):
+    _no_heap_env(monkeypatch)
+    want = {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert scheduler_heap_env("cuda", thp="madvise") == want
+    assert scheduler_heap_env("cuda", thp="always") == want
+    for thp in ("never", None):  # no huge pages, or the mode unreadable
+        monkeypatch.setattr("sglang.srt.utils.process.thp_mode", lambda t=thp: t)
+        assert scheduler_heap_env("cuda") == {}
+    assert scheduler_heap_env("cpu", thp="madvise") == {}
+    # the user's other tunables are kept; their own hugetlb setting is left alone
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert scheduler_heap_env("cuda", thp="madvise")["GLIBC_TUNABLES"] == (
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    )
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+    assert scheduler_heap_env("cuda", thp="madvise") == {"PYTHONMALLOC": "malloc"}
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # the user's allocator wins
+    assert scheduler_heap_env("cuda", thp="madvise") == {}
+    monkeypatch.delenv("PYTHONMALLOC")
+    monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", "0")
+    assert scheduler_heap_env("cuda", thp="madvise") == {}
+    monkeypatch.delenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP")
+    monkeypatch.setattr("sglang.srt.utils.process.glibc_version", lambda: (2, 31))
+    assert scheduler_heap_env("cuda", thp="madvise") == {}  # no hugetlb tunable before 2.35
+    monkeypatch.setattr("sglang.srt.utils.process.glibc_version", lambda: None)
+    assert scheduler_heap_env("cuda", thp="madvise") == {}  # musl, macOS
+
+
+def test_thp_mode_reads_the_bracketed_word(tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert thp_mode(str(f)) == "madvise"
+    f.write_text("[always] madvise never\n")
+    assert thp_mode(str(f)) == "always"
+    assert thp_mode(str(tmp_path / "missing")) is None
+
+
+HEAP_PROBE = """
+import re
+x = [[i] for i in range(1_000_000)]  # ~100 MiB of small Python objects
+text = open("/proc/self/smaps_rollup").read()
+print(int(re.search(r"AnonHugePages:\\s+(\\d+) kB", text).group(1)))
+"""
+
+
+@pytest.mark.skipif(
+    thp_mode() not in ("always", "madvise") or (glibc_version() or (0, 0)) < (2, 35),
+    reason="needs transparent huge pages and glibc >= 2.35",
+)
+def test_heap_env_puts_a_childs_python_objects_on_huge_pages(monkeypatch):
+    """The scheduler heap's environment does what it is for: a child that fills its heap
+    with small Python objects holds huge pages with it, and none without it where the kernel
+    only gives them on request ("madvise": pymalloc never asks)."""
+    _no_heap_env(monkeypatch)
+    monkeypatch.setattr("sglang.srt.utils.process.glibc_version", glibc_version)
+
+    def huge_kib() -> int:
+        out = subprocess.run([sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return int(out.stdout)
+
+    with child_env(scheduler_heap_env("cuda")):
+        with_env = huge_kib()
+    assert with_env >= 16 * 1024  # at least 8 huge pages of the ~100 MiB
+    if thp_mode() == "madvise":
+        assert huge_kib() == 0
 
 
 def test_child_env_reaches_the_child_and_the_parent_is_restored(monkeypatch):

@@ -22,7 +22,12 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.server_args_resolve import resolve_server_args
-from sglang.srt.utils.process import child_env, kill_process_tree, scheduler_thread_env
+from sglang.srt.utils.process import (
+    child_env,
+    kill_process_tree,
+    scheduler_heap_env,
+    scheduler_thread_env,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +67,9 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list
         name="sglang-scheduler",
         daemon=True,
     )
-    with child_env(scheduler_thread_env(server_args.device)):  # read by the child at start
+    # read by the child at start: its CPU thread pools and its heap
+    dev = server_args.device
+    with child_env({**scheduler_thread_env(dev), **scheduler_heap_env(dev)}):
         proc.start()
     writer.close()
     try:

@@ -84,6 +84,65 @@ def scheduler_thread_env(device: str) -> dict[str, str]:
     return {k: "1" for k in CPU_POOL_ENV if k not in os.environ}
 
 
+# The variable that turns the scheduler's huge-page heap off (scheduler_heap_env).
+HEAP_FLAG = "SCHEDULER_HUGEPAGE_HEAP"
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """(major, minor) of the C library when it is glibc, else None (musl, macOS)."""
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # e.g. "glibc 2.36"
+        major, minor = version.split(".")[:2]
+        return (int(major), int(minor)) if name == "glibc" else None
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+
+
+def thp_mode(path: str = THP_ENABLED) -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise" or "never", the bracketed
+    word of `path`), or None where it cannot be read (not Linux, a sandbox)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else None
+
+
+def scheduler_heap_env(device: str, thp: str | None = None) -> dict[str, str]:
+    """Environment variables that put a CUDA scheduler process's Python heap on transparent huge
+    pages: PYTHONMALLOC=malloc (Python objects from glibc's malloc instead of pymalloc's
+    arenas, which are plain mmaps that a "madvise" kernel never backs with huge pages) and
+    glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (glibc >= 2.35 madvises its heap for huge pages).
+
+    Why: at batch 1 the scheduler thread is the bottleneck of a small model's decode (the
+    host works ~0.65 ms per step against a shorter CUDA graph), and its time moves with TLB
+    and cache misses, not instructions: the same step ran 0.66-1.20 ms in six processes on one
+    pinned H200 host core, and 0.66-1.09 ms with this heap, faster in 5 of 6 back-to-back
+    pairs (geometric mean 0.91x; benchmark/results/decode_step_var_*_bs1_h200_s32.json,
+    benchmark/README.md "thirty-second session").
+
+    Empty on CPU (the model runs there: its tensors come from torch's allocator either way,
+    and nothing was measured), where the kernel has no huge pages for it ("never", or the mode
+    unreadable), on glibc before 2.35 or another C library, when the user set PYTHONMALLOC
+    (theirs wins), or with SGLANG_SCHEDULER_HUGEPAGE_HEAP=0. A GLIBC_TUNABLES of the user's
+    keeps its other tunables; one that sets glibc.malloc.hugetlb itself is left alone.
+    `thp`: the kernel's mode (default: read from /sys, thp_mode)."""
+    if device != "cuda" or env_flag(HEAP_FLAG, "1") == "0" or "PYTHONMALLOC" in os.environ:
+        return {}
+    thp = thp_mode() if thp is None else thp
+    version = glibc_version()
+    if thp not in ("always", "madvise") or version is None or version < (2, 35):
+        return {}
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return {"PYTHONMALLOC": "malloc"}
+    joined = f"{tunables}:glibc.malloc.hugetlb=1" if tunables else "glibc.malloc.hugetlb=1"
+    return {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": joined}
+
+
 class child_env:
     """Context manager: set environment variables while a child process is spawned (the
     child inherits them at start), then restore the parent's environment."""
