@@ -4,6 +4,7 @@ port with its log in a file, wait until it serves, query it, kill its whole proc
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -54,27 +55,47 @@ def affinity_preexec(cpus: str | None):
     return lambda: os.sched_setaffinity(0, cpu_set)
 
 
+_ENV_WORD = re.compile(r"[A-Z_][A-Z0-9_]*=")
+
+
+def split_env(flags: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A configuration's leading NAME=VALUE words (environment variables of its server, as in
+    `env NAME=VALUE cmd`: e.g. --add-config 'x=SGLANG_SCHEDULER_HUGEPAGE_HEAP=0
+    --speculative-adaptive') and the launch_server flags after them."""
+    i = 0
+    while i < len(flags) and _ENV_WORD.match(flags[i]):
+        i += 1
+    env = dict(word.split("=", 1) for word in flags[:i])
+    return env, flags[i:]
+
+
 class Server:
     """A launch_server subprocess (same process group as this one, so a killed sweep does not
     leave it running); stop() kills its whole tree. With `cpus` (a CPU list, parse_cpu_list)
     the server and every process it starts run on those CPUs only (the affinity is set in the
-    child before exec and inherited), so that servers side by side do not share cores."""
+    child before exec and inherited), so that servers side by side do not share cores. Leading
+    NAME=VALUE words of `flags` are set in the server's environment (split_env)."""
 
     def __init__(self, flags: list[str], log_path: str, cpus: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        env, flags = split_env(flags)
         cmd = [sys.executable, "-m", "sglang.launch_server", *flags]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.cmd = cmd
+        self.cmd = [*(f"{k}={v}" for k, v in env.items()), *cmd]  # as a shell would run it
         self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        self.log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        self.log.write("$ " + " ".join(shlex.quote(c) for c in self.cmd) + "\n")
         self.log.flush()
         if cpus:
             self.log.write(f"# CPU affinity: {cpus}\n")
             self.log.flush()
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=affinity_preexec(cpus)
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=affinity_preexec(cpus),
+            env={**os.environ, **env},
         )
 
     def wait_ready(self, timeout_s: float) -> None:

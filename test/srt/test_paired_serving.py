@@ -558,3 +558,37 @@ def test_bad_restart_every_stops_before_any_server(extra, why, tmp_path):
             ]
         )
     assert not out.exists()
+
+
+def test_configuration_env_words_reach_only_that_server(monkeypatch, tmp_path):
+    """Leading NAME=VALUE words of a configuration's flags are its server's environment (e.g.
+    SGLANG_SCHEDULER_HUGEPAGE_HEAP=0 for a pair that tells the scheduler heap's effect), not
+    launch_server flags; a flag's own '=' value is not mistaken for one."""
+    import bench_server
+    from bench_server import Server, split_env
+
+    assert split_env(["A_1=x", "B=", "--flag", "C=y"]) == ({"A_1": "x", "B": ""}, ["--flag", "C=y"])
+    assert split_env(['--speculative-adaptive-config={"a": 1}']) == (
+        {},
+        ['--speculative-adaptive-config={"a": 1}'],
+    )
+    assert split_env(["lower=1"]) == ({}, ["lower=1"])
+    seen = {}
+
+    class _Popen:
+        def __init__(self, cmd, **kw):
+            seen.update(cmd=cmd, env=kw["env"])
+
+    monkeypatch.setattr(bench_server.subprocess, "Popen", _Popen)
+    monkeypatch.delenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", raising=False)
+    s = Server(["SGLANG_SCHEDULER_HUGEPAGE_HEAP=0", "--speculative-adaptive"], str(tmp_path / "l"))
+    s.log.close()
+    assert seen["cmd"][1:3] == ["-m", "sglang.launch_server"]
+    assert (
+        "--speculative-adaptive" in seen["cmd"]
+        and "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0" not in seen["cmd"]
+    )
+    assert seen["env"]["SGLANG_SCHEDULER_HUGEPAGE_HEAP"] == "0"
+    assert seen["env"]["PATH"] == os.environ["PATH"]  # the rest of the environment is kept
+    assert s.cmd[0] == "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"  # recorded as a shell would run it
+    assert "SGLANG_SCHEDULER_HUGEPAGE_HEAP" not in os.environ
