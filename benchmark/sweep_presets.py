@@ -10,6 +10,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from bench_server import split_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS_DIR = os.path.join(HERE, "configs")
 SHAREGPT_BENCH = os.path.join(HERE, "data", "sharegpt_bench_conversations.json")
@@ -78,9 +80,11 @@ PRESETS: dict[str, Preset] = {
 
 
 def config_flags(preset: Preset, name: str, extra: dict[str, list[str]]) -> list[str]:
-    """launch_server flags of configuration `name` under `preset` (extra: user configs).
+    """launch_server flags of configuration `name` under `preset` (extra: user configs), after
+    the configuration's leading NAME=VALUE words (its server's environment, split_env).
 
     Raises KeyError for an unknown configuration name."""
-    flags = extra[name] if name in extra else CONFIGS[name]
+    env, flags = split_env(extra[name] if name in extra else CONFIGS[name])
     spec = "--speculative-algorithm" in flags
-    return preset.model_flags + (preset.draft_flags if spec else []) + flags
+    words = [f"{k}={v}" for k, v in env.items()]
+    return words + preset.model_flags + (preset.draft_flags if spec else []) + flags

@@ -118,6 +118,11 @@
 #                                    # CPU sets rotated, AB_ROUNDS (16), after the host's CPU
 #                                    # topology (thirtieth session); AB_RESTART=N: fresh server
 #                                    # processes every N rounds (--restart-every)
+#   bash scripts/gpu_diagnose.sh HEAP  # the scheduler heap on huge pages (thirty-second
+#                                    # session): no_spec and adaptive SmolLM2 servers with it
+#                                    # (the default) and without (SGLANG_SCHEDULER_HUGEPAGE_HEAP
+#                                    # =0), c = 1, CPU sets rotated, HEAP_ROUNDS (10), fresh
+#                                    # processes every HEAP_RESTART (5) rounds
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -137,7 +142,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -609,6 +614,21 @@ for r in json.load(open(sys.argv[1]))['rows']:
       --deadline-s "$(( $(left) - 20 ))" --result-file "$D/paired_smollm2_ab_$TAG.json" \
       --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
     cp "$D"/paired_smollm2_ab_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    rm -rf "$D/plogs"
+    ;;
+  HEAP)  # thirty-second session: pinned in-process runs were faster with the scheduler's
+    # Python heap on huge pages in 5 of 6 pairs; the same in servers, paired by round, and
+    # adaptive against no_spec under both heaps (the issue-7 c = 1 point)
+    ab="--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive"
+    off="SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"
+    timeout -k 10 "$(box 560)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive no_spec_pymalloc adaptive_pymalloc \
+      --add-config "no_spec_pymalloc=$off" --add-config "adaptive_pymalloc=$off $ab" \
+      --concurrency 1 --rounds "${HEAP_ROUNDS:-10}" --restart-every "${HEAP_RESTART:-5}" \
+      --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --host-probe-cpu 15 --rotate-cpu-sets \
+      --deadline-s "$(( $(left) - 15 ))" --result-file "$D/paired_smollm2_heap_$TAG.json" \
+      --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
+    cp "$D"/paired_smollm2_heap_"$TAG".{md,json} "$OUT"/ 2>/dev/null
     rm -rf "$D/plogs"
     ;;
   PN)  # issue 7: adaptive against adaptive_never and the A/A twin, paired (twenty-sixth session)

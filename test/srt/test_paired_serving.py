@@ -592,3 +592,16 @@ def test_configuration_env_words_reach_only_that_server(monkeypatch, tmp_path):
     assert seen["env"]["PATH"] == os.environ["PATH"]  # the rest of the environment is kept
     assert s.cmd[0] == "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"  # recorded as a shell would run it
     assert "SGLANG_SCHEDULER_HUGEPAGE_HEAP" not in os.environ
+
+
+def test_config_flags_keep_a_configurations_env_words_first():
+    """The preset's model flags go after a configuration's environment words, which must lead
+    the flags for Server to take them as environment (split_env)."""
+    from sweep_presets import CONFIGS, PRESETS, config_flags
+
+    preset = PRESETS["smollm2"]
+    extra = {"x": ["SGLANG_SCHEDULER_HUGEPAGE_HEAP=0", "--speculative-algorithm", "EAGLE3"]}
+    flags = config_flags(preset, "x", extra)
+    assert flags[0] == "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"
+    assert flags[1:] == preset.model_flags + preset.draft_flags + extra["x"][1:]
+    assert config_flags(preset, "no_spec", {}) == preset.model_flags + CONFIGS["no_spec"]
