@@ -81,11 +81,12 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         env, flags = split_env(flags)
+        self.env = env  # set in the server's environment on top of this process's
         cmd = [sys.executable, "-m", "sglang.launch_server", *flags]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.cmd = [*(f"{k}={v}" for k, v in env.items()), *cmd]  # as a shell would run it
+        self.cmd = [*(f"{k}={v}" for k, v in env.items()), *cmd]
         self.log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        self.log.write("$ " + " ".join(shlex.quote(c) for c in self.cmd) + "\n")
+        self.log.write("$ " + self.shell_command() + "\n")
         self.log.flush()
         if cpus:
             self.log.write(f"# CPU affinity: {cpus}\n")
@@ -97,6 +98,12 @@ class Server:
             preexec_fn=affinity_preexec(cpus),
             env={**os.environ, **env},
         )
+
+    def shell_command(self) -> str:
+        """The command as a shell runs it: the NAME=value words first, each value quoted alone
+        (a quoted whole word would not be an assignment)."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        return " ".join([*env, *(shlex.quote(c) for c in self.cmd[len(env) :])])
 
     def wait_ready(self, timeout_s: float) -> None:
         """Until /health answers and one short /generate succeeds. Raises RuntimeError if the

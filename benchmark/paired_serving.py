@@ -169,7 +169,7 @@ class PairedRun:
             cpus = a.cpu_sets[a.configs.index(name)] if a.cpu_sets else a.inherited_cpus
             server = self.servers[name] = Server(flags, log_path, cpus)
             record["cpus"] = cpus
-            record["command"] = " ".join(shlex.quote(c) for c in server.cmd)
+            record["command"] = server.shell_command()
             server.wait_ready(max(1.0, min(a.startup_timeout_s, self.left())))
             record["startup_s"] = time.monotonic() - t0
             return True

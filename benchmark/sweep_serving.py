@@ -256,7 +256,7 @@ class Sweep:
         t0 = time.monotonic()
         log_path = os.path.join(args.log_dir, f"{args.preset}_{cfg['name']}.log")
         server = Server(cfg["flags"], log_path)
-        cfg["command"] = " ".join(shlex.quote(c) for c in server.cmd)
+        cfg["command"] = server.shell_command()
         cfg["log"] = log_path
         try:
             try:

@@ -493,6 +493,9 @@ class _FakeServer:
     def wait_ready(self, timeout_s: float) -> None:
         pass
 
+    def shell_command(self) -> str:
+        return " ".join(self.cmd)
+
     def stop(self) -> None:
         self.stopped = True
         _FakeServer.log.append(("stop", id(self)))
@@ -590,7 +593,17 @@ def test_configuration_env_words_reach_only_that_server(monkeypatch, tmp_path):
     )
     assert seen["env"]["SGLANG_SCHEDULER_HUGEPAGE_HEAP"] == "0"
     assert seen["env"]["PATH"] == os.environ["PATH"]  # the rest of the environment is kept
-    assert s.cmd[0] == "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"  # recorded as a shell would run it
+    assert s.cmd[0] == "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"
+    # recorded as a shell runs it: a value that needs quoting is quoted alone
+    assert s.shell_command().startswith("SGLANG_SCHEDULER_HUGEPAGE_HEAP=0 ")
+    q = Server(["FOO=a b", "--flag"], str(tmp_path / "q"))
+    q.log.close()
+    assert seen["env"]["FOO"] == "a b"
+    monkeypatch.undo()  # a real subprocess from here on
+    prefix = q.shell_command().split(" -m ")[0]  # FOO='a b' <python>
+    code = prefix + " -c 'import os; print(os.environ[\"FOO\"])'"
+    out = subprocess.run(["bash", "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "a b", out.stderr
     assert "SGLANG_SCHEDULER_HUGEPAGE_HEAP" not in os.environ
 
 

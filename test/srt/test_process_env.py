@@ -53,8 +53,14 @@ def test_cuda_scheduler_heap_goes_on_huge_pages_unless_told_or_unable(monkeypatc
     assert scheduler_heap_env("cuda", thp="madvise")["GLIBC_TUNABLES"] == (
         "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     )
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
-    assert scheduler_heap_env("cuda", thp="madvise") == {"PYTHONMALLOC": "malloc"}
+    for theirs in ("glibc.malloc.hugetlb=0", "glibc.malloc.arena_max=2: glibc.malloc.hugetlb=1"):
+        monkeypatch.setenv("GLIBC_TUNABLES", theirs)
+        assert scheduler_heap_env("cuda", thp="madvise") == {}
+    # a name that only contains it is another tunable
+    monkeypatch.setenv("GLIBC_TUNABLES", "x.glibc.malloc.hugetlbx=7")
+    assert scheduler_heap_env("cuda", thp="madvise")["GLIBC_TUNABLES"] == (
+        "x.glibc.malloc.hugetlbx=7:glibc.malloc.hugetlb=1"
+    )
     monkeypatch.delenv("GLIBC_TUNABLES")
     monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # the user's allocator wins
     assert scheduler_heap_env("cuda", thp="madvise") == {}
@@ -75,6 +81,8 @@ def test_thp_mode_reads_the_bracketed_word(tmp_path):
     f.write_text("[always] madvise never\n")
     assert thp_mode(str(f)) == "always"
     assert thp_mode(str(tmp_path / "missing")) is None
+    f.write_bytes(b"\xff\xfe[always]")  # not text: no mode, rather than a failed start
+    assert thp_mode(str(f)) is None
 
 
 HEAP_PROBE = """

@@ -15,6 +15,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from typing import Any
 
 from sglang.srt.configs.model_config import ModelConfig
@@ -60,6 +61,9 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list
     from sglang.srt.managers.scheduler import run_scheduler_process
 
     ctx = mp.get_context("spawn")
+    # the resource tracker (a helper process the first spawn starts) must not inherit the
+    # scheduler's environment below: start it first
+    resource_tracker.ensure_running()
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=run_scheduler_process,

@@ -105,7 +105,7 @@ def thp_mode(path: str = THP_ENABLED) -> str | None:
     try:
         with open(path) as f:
             text = f.read()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: bytes that are not text
         return None
     start, end = text.find("["), text.find("]")
     return text[start + 1 : end] if 0 <= start < end else None
@@ -127,8 +127,9 @@ def scheduler_heap_env(device: str, thp: str | None = None) -> dict[str, str]:
     Empty on CPU (the model runs there: its tensors come from torch's allocator either way,
     and nothing was measured), where the kernel has no huge pages for it ("never", or the mode
     unreadable), on glibc before 2.35 or another C library, when the user set PYTHONMALLOC
-    (theirs wins), or with SGLANG_SCHEDULER_HUGEPAGE_HEAP=0. A GLIBC_TUNABLES of the user's
-    keeps its other tunables; one that sets glibc.malloc.hugetlb itself is left alone.
+    (theirs wins), when their GLIBC_TUNABLES sets glibc.malloc.hugetlb (e.g. =0: glibc's
+    malloc without huge pages would only be the slower allocator), or with
+    SGLANG_SCHEDULER_HUGEPAGE_HEAP=0. Other tunables of the user's are kept.
     `thp`: the kernel's mode (default: read from /sys, thp_mode)."""
     if device != "cuda" or env_flag(HEAP_FLAG, "1") == "0" or "PYTHONMALLOC" in os.environ:
         return {}
@@ -137,8 +138,9 @@ def scheduler_heap_env(device: str, thp: str | None = None) -> dict[str, str]:
     if thp not in ("always", "madvise") or version is None or version < (2, 35):
         return {}
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in tunables:
-        return {"PYTHONMALLOC": "malloc"}
+    names = {item.partition("=")[0].strip() for item in tunables.split(":")}
+    if "glibc.malloc.hugetlb" in names:  # the user's own choice: neither variable is set
+        return {}
     joined = f"{tunables}:glibc.malloc.hugetlb=1" if tunables else "glibc.malloc.hugetlb=1"
     return {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": joined}
 
