@@ -282,12 +282,6 @@ def main() -> None:
         help="keep OpenMP/OpenBLAS/MKL at one thread per core (a server's scheduler uses one)",
     )
     p.add_argument(
-        "--default-heap",
-        action="store_true",
-        help="keep pymalloc's heap (a server's CUDA scheduler puts it on huge pages: "
-        "utils/process.py scheduler_heap_env)",
-    )
-    p.add_argument(
         "--cuda-graph-prefill-max-tokens",
         type=int,
         default=None,
@@ -324,7 +318,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
         env = dict(os.environ)  # the CPU thread pools and heap of a server's scheduler process
         env.update(scheduler_thread_env(a.device) if not a.default_cpu_pools else {})
-        env.update(scheduler_heap_env(a.device) if not a.default_heap else {})
+        env.update(scheduler_heap_env())  # SGLANG_SCHEDULER_HUGEPAGE_HEAP, as a server
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:

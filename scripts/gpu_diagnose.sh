@@ -119,10 +119,11 @@
 #                                    # topology (thirtieth session); AB_RESTART=N: fresh server
 #                                    # processes every N rounds (--restart-every)
 #   bash scripts/gpu_diagnose.sh HEAP  # the scheduler heap on huge pages (thirty-second
-#                                    # session): no_spec and adaptive SmolLM2 servers with it
-#                                    # (the default) and without (SGLANG_SCHEDULER_HUGEPAGE_HEAP
-#                                    # =0), c = 1, CPU sets rotated, HEAP_ROUNDS (10), fresh
-#                                    # processes every HEAP_RESTART (5) rounds
+#                                    # session, SGLANG_SCHEDULER_HUGEPAGE_HEAP): SmolLM2
+#                                    # no_spec with pymalloc (the default), 1 and malloc, and
+#                                    # adaptive, c = HEAP_CONC (1 64), CPU sets rotated,
+#                                    # HEAP_ROUNDS (6), fresh processes every HEAP_RESTART (3)
+#                                    # rounds; DIAG_BOX_S (560) bounds every part
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -151,7 +152,7 @@ D=/tmp/diag_$PART
 mkdir -p "$OUT" "$D"
 PYSPY=${PYSPY:-/tmp/pyspy/bin/py-spy}
 T0=$(date +%s)
-left() { echo $((560 - ($(date +%s) - T0))); }
+left() { echo $((${DIAG_BOX_S:-560} - ($(date +%s) - T0))); }
 box() { local s; s=$(left); [ "$1" -lt "$s" ] && s=$1; echo "$s"; }
 
 pyspy_ready() {
@@ -616,15 +617,17 @@ for r in json.load(open(sys.argv[1]))['rows']:
     cp "$D"/paired_smollm2_ab_"$TAG".{md,json} "$OUT"/ 2>/dev/null
     rm -rf "$D/plogs"
     ;;
-  HEAP)  # thirty-second session: pinned in-process runs were faster with the scheduler's
-    # Python heap on huge pages in 5 of 6 pairs; the same in servers, paired by round, and
-    # adaptive against no_spec under both heaps (the issue-7 c = 1 point)
-    ab="--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive"
-    off="SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"
+  HEAP)  # thirty-second session: the scheduler's heap on huge pages. Pinned in-process batch-1
+    # runs were faster with `malloc` in 5 of 6 pairs, but on the CPU machine `malloc` made
+    # commit and flush 25-38% slower at batch 128 while `1` cost nothing there: both against
+    # pymalloc in servers, at c = 1 and under load, paired by round
+    hp="SGLANG_SCHEDULER_HUGEPAGE_HEAP"
+    # shellcheck disable=SC2086  # HEAP_CONC is a list of concurrencies
     timeout -k 10 "$(box 560)" python3 benchmark/paired_serving.py --preset smollm2 \
-      --configs no_spec adaptive no_spec_pymalloc adaptive_pymalloc \
-      --add-config "no_spec_pymalloc=$off" --add-config "adaptive_pymalloc=$off $ab" \
-      --concurrency 1 --rounds "${HEAP_ROUNDS:-10}" --restart-every "${HEAP_RESTART:-5}" \
+      --configs no_spec no_spec_tunable no_spec_malloc adaptive \
+      --add-config "no_spec_tunable=$hp=1" --add-config "no_spec_malloc=$hp=malloc" \
+      --concurrency ${HEAP_CONC:-1 64} \
+      --rounds "${HEAP_ROUNDS:-6}" --restart-every "${HEAP_RESTART:-3}" \
       --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --host-probe-cpu 15 --rotate-cpu-sets \
       --deadline-s "$(( $(left) - 15 ))" --result-file "$D/paired_smollm2_heap_$TAG.json" \
       --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8

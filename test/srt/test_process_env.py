@@ -39,39 +39,43 @@ def _no_heap_env(monkeypatch):
     monkeypatch.setattr("sglang.srt.utils.process.glibc_version", lambda: (2, 36))
 
 
-def test_cuda_scheduler_heap_goes_on_huge_pages_unless_told_or_unable(monkeypatch):
+def test_scheduler_heap_is_pymalloc_unless_asked_and_able(monkeypatch):
     _no_heap_env(monkeypatch)
-    want = {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-    assert scheduler_heap_env("cuda", thp="madvise") == want
-    assert scheduler_heap_env("cuda", thp="always") == want
+    assert scheduler_heap_env(thp="madvise") == {}  # off by default
+    monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", "1")
+    tunable = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert scheduler_heap_env(thp="madvise") == tunable
+    assert scheduler_heap_env(thp="always") == tunable
+    monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", "malloc")
+    assert scheduler_heap_env(thp="madvise") == {**tunable, "PYTHONMALLOC": "malloc"}
+    monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # the user's allocator wins
+    assert scheduler_heap_env(thp="madvise") == tunable
+    monkeypatch.delenv("PYTHONMALLOC")
     for thp in ("never", None):  # no huge pages, or the mode unreadable
         monkeypatch.setattr("sglang.srt.utils.process.thp_mode", lambda t=thp: t)
-        assert scheduler_heap_env("cuda") == {}
-    assert scheduler_heap_env("cpu", thp="madvise") == {}
-    # the user's other tunables are kept; their own hugetlb setting is left alone
+        assert scheduler_heap_env() == {}
+    # the user's other tunables are kept; their own hugetlb setting stands, alone
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-    assert scheduler_heap_env("cuda", thp="madvise")["GLIBC_TUNABLES"] == (
+    assert scheduler_heap_env(thp="madvise")["GLIBC_TUNABLES"] == (
         "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     )
     for theirs in ("glibc.malloc.hugetlb=0", "glibc.malloc.arena_max=2: glibc.malloc.hugetlb=1"):
         monkeypatch.setenv("GLIBC_TUNABLES", theirs)
-        assert scheduler_heap_env("cuda", thp="madvise") == {}
+        assert scheduler_heap_env(thp="madvise") == {}
     # a name that only contains it is another tunable
     monkeypatch.setenv("GLIBC_TUNABLES", "x.glibc.malloc.hugetlbx=7")
-    assert scheduler_heap_env("cuda", thp="madvise")["GLIBC_TUNABLES"] == (
+    assert scheduler_heap_env(thp="madvise")["GLIBC_TUNABLES"] == (
         "x.glibc.malloc.hugetlbx=7:glibc.malloc.hugetlb=1"
     )
     monkeypatch.delenv("GLIBC_TUNABLES")
-    monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # the user's allocator wins
-    assert scheduler_heap_env("cuda", thp="madvise") == {}
-    monkeypatch.delenv("PYTHONMALLOC")
-    monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", "0")
-    assert scheduler_heap_env("cuda", thp="madvise") == {}
-    monkeypatch.delenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP")
     monkeypatch.setattr("sglang.srt.utils.process.glibc_version", lambda: (2, 31))
-    assert scheduler_heap_env("cuda", thp="madvise") == {}  # no hugetlb tunable before 2.35
+    assert scheduler_heap_env(thp="madvise") == {}  # no hugetlb tunable before 2.35
     monkeypatch.setattr("sglang.srt.utils.process.glibc_version", lambda: None)
-    assert scheduler_heap_env("cuda", thp="madvise") == {}  # musl, macOS
+    assert scheduler_heap_env(thp="madvise") == {}  # musl, macOS
+    for bad in ("yes", "2", "on"):
+        monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", bad)
+        with pytest.raises(ValueError, match="SGLANG_SCHEDULER_HUGEPAGE_HEAP"):
+            scheduler_heap_env(thp="madvise")
 
 
 def test_thp_mode_reads_the_bracketed_word(tmp_path):
@@ -87,33 +91,37 @@ def test_thp_mode_reads_the_bracketed_word(tmp_path):
 
 HEAP_PROBE = """
 import re
-x = [[i] for i in range(1_000_000)]  # ~100 MiB of small Python objects
+x = [[i] * 200 for i in range(100_000)]  # ~160 MiB of lists: 1.6 KiB of storage each
+y = [[i] for i in range(1_000_000)]  # ~100 MiB of small Python objects
 text = open("/proc/self/smaps_rollup").read()
 print(int(re.search(r"AnonHugePages:\\s+(\\d+) kB", text).group(1)))
 """
 
 
 @pytest.mark.skipif(
-    thp_mode() not in ("always", "madvise") or (glibc_version() or (0, 0)) < (2, 35),
-    reason="needs transparent huge pages and glibc >= 2.35",
+    thp_mode() != "madvise" or (glibc_version() or (0, 0)) < (2, 35),
+    reason="needs transparent huge pages on request (madvise) and glibc >= 2.35",
 )
-def test_heap_env_puts_a_childs_python_objects_on_huge_pages(monkeypatch):
-    """The scheduler heap's environment does what it is for: a child that fills its heap
-    with small Python objects holds huge pages with it, and none without it where the kernel
-    only gives them on request ("madvise": pymalloc never asks)."""
+def test_heap_env_puts_a_childs_heap_on_huge_pages(monkeypatch):
+    """The heap settings do what they are for, in a child that fills its heap with lists
+    (storage from malloc) and small objects (pymalloc's unless PYTHONMALLOC=malloc): no huge
+    pages without them (pymalloc and glibc never ask a "madvise" kernel), some with `1`, more
+    with `malloc`."""
     _no_heap_env(monkeypatch)
     monkeypatch.setattr("sglang.srt.utils.process.glibc_version", glibc_version)
 
-    def huge_kib() -> int:
-        out = subprocess.run([sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True)
+    def huge_kib(setting: str) -> int:
+        monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", setting)
+        with child_env(scheduler_heap_env()):
+            cmd = [sys.executable, "-c", HEAP_PROBE]
+            out = subprocess.run(cmd, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         return int(out.stdout)
 
-    with child_env(scheduler_heap_env("cuda")):
-        with_env = huge_kib()
-    assert with_env >= 16 * 1024  # at least 8 huge pages of the ~100 MiB
-    if thp_mode() == "madvise":
-        assert huge_kib() == 0
+    off, tunable, malloc = huge_kib("0"), huge_kib("1"), huge_kib("malloc")
+    assert off == 0
+    assert tunable >= 32 * 1024  # at least 16 huge pages of the ~160 MiB of list storage
+    assert malloc >= tunable + 32 * 1024  # and the small objects too
 
 
 def test_child_env_reaches_the_child_and_the_parent_is_restored(monkeypatch):
@@ -183,3 +191,11 @@ def test_freeze_gc_moves_live_objects_out_of_collection():
     finally:
         gc.unfreeze()
     assert any(o is kept for o in gc.get_objects())
+
+
+def test_bad_heap_setting_fails_engine_start_naming_it(monkeypatch, tiny_model_dir):
+    from sglang.srt.entrypoints.engine import Engine
+
+    monkeypatch.setenv("SGLANG_SCHEDULER_HUGEPAGE_HEAP", "yes")
+    with pytest.raises(ValueError, match="SGLANG_SCHEDULER_HUGEPAGE_HEAP='yes'"):
+        Engine(model_path=tiny_model_dir, device="cpu")

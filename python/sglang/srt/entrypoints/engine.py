@@ -47,10 +47,12 @@ class PortArgs:
 def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list[mp.Process]]:
     """Resolve the arguments, start the scheduler process, wait for its model to load.
 
-    Raises ValueError for bad arguments (unknown model path, unsupported architecture, ...)
+    Raises ValueError for bad arguments (unknown model path, unsupported architecture, a bad
+    SGLANG_SCHEDULER_HUGEPAGE_HEAP, ...)
     and RuntimeError when the scheduler fails to start (its error message included).
     """
     server_args = resolve_server_args(server_args)
+    heap = scheduler_heap_env()  # before anything starts: a bad setting raises ValueError
     model_config = ModelConfig(
         server_args.model_path,
         context_length=server_args.context_length,
@@ -72,8 +74,7 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list
         daemon=True,
     )
     # read by the child at start: its CPU thread pools and its heap
-    dev = server_args.device
-    with child_env({**scheduler_thread_env(dev), **scheduler_heap_env(dev)}):
+    with child_env({**scheduler_thread_env(server_args.device), **heap}):
         proc.start()
     writer.close()
     try:

@@ -84,7 +84,7 @@ def scheduler_thread_env(device: str) -> dict[str, str]:
     return {k: "1" for k in CPU_POOL_ENV if k not in os.environ}
 
 
-# The variable that turns the scheduler's huge-page heap off (scheduler_heap_env).
+# The variable that puts the scheduler's heap on huge pages (scheduler_heap_env).
 HEAP_FLAG = "SCHEDULER_HUGEPAGE_HEAP"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -111,27 +111,38 @@ def thp_mode(path: str = THP_ENABLED) -> str | None:
     return text[start + 1 : end] if 0 <= start < end else None
 
 
-def scheduler_heap_env(device: str, thp: str | None = None) -> dict[str, str]:
-    """Environment variables that put a CUDA scheduler process's Python heap on transparent huge
-    pages: PYTHONMALLOC=malloc (Python objects from glibc's malloc instead of pymalloc's
-    arenas, which are plain mmaps that a "madvise" kernel never backs with huge pages) and
-    glibc.malloc.hugetlb=1 in GLIBC_TUNABLES (glibc >= 2.35 madvises its heap for huge pages).
+def scheduler_heap_env(thp: str | None = None) -> dict[str, str]:
+    """Environment variables for a scheduler process's heap, after
+    SGLANG_SCHEDULER_HUGEPAGE_HEAP (off by default):
 
-    Why: at batch 1 the scheduler thread is the bottleneck of a small model's decode (the
-    host works ~0.65 ms per step against a shorter CUDA graph), and its time moves with TLB
-    and cache misses, not instructions: the same step ran 0.66-1.20 ms in six processes on one
-    pinned H200 host core, and 0.66-1.09 ms with this heap, faster in 5 of 6 back-to-back
-    pairs (geometric mean 0.91x; benchmark/results/decode_step_var_*_bs1_h200_s32.json,
-    benchmark/README.md "thirty-second session").
+    - `0` (default): none; Python's own allocator (pymalloc) and glibc's defaults.
+    - `1`: glibc.malloc.hugetlb=1 added to GLIBC_TUNABLES: glibc (>= 2.35) madvises its malloc
+      heap for transparent huge pages, which a kernel in "madvise" mode otherwise never gives
+      it. Python objects of up to 512 bytes stay in pymalloc's arenas (plain mmaps, no huge
+      pages); larger ones, list and dict storage, numpy's and torch's host buffers come from
+      that heap.
+    - `malloc`: the same plus PYTHONMALLOC=malloc, so that every Python object comes from the
+      huge-page heap (unless the user set PYTHONMALLOC: theirs wins).
 
-    Empty on CPU (the model runs there: its tensors come from torch's allocator either way,
-    and nothing was measured), where the kernel has no huge pages for it ("never", or the mode
-    unreadable), on glibc before 2.35 or another C library, when the user set PYTHONMALLOC
-    (theirs wins), when their GLIBC_TUNABLES sets glibc.malloc.hugetlb (e.g. =0: glibc's
-    malloc without huge pages would only be the slower allocator), or with
-    SGLANG_SCHEDULER_HUGEPAGE_HEAP=0. Other tunables of the user's are kept.
-    `thp`: the kernel's mode (default: read from /sys, thp_mode)."""
-    if device != "cuda" or env_flag(HEAP_FLAG, "1") == "0" or "PYTHONMALLOC" in os.environ:
+    Why: at batch 1 a small model's decode is bound by the scheduler thread, whose time looks
+    bound by misses more than by instructions. Measured (benchmark/README.md "thirty-second
+    session"): pinned to one H200 host core, an adaptive SmolLM2 batch-1 step ran 0.656-1.201
+    ms per step in six processes with pymalloc and 0.663-1.094 with `malloc`, which was faster
+    in 5 of 6 back-to-back pairs (geometric mean 0.916); but on the CPU machine `malloc` made
+    the scheduler's commit and flush 25-38% slower at batch 128 (glibc's malloc is slower than
+    pymalloc at small objects), while `1` cost nothing there at batch 128 and saved ~3% at
+    batch 1. Which one pays on a GPU host under load is not measured yet, so neither is on by
+    default.
+
+    Empty also where the kernel has no huge pages for it ("never", or the mode unreadable;
+    `thp` overrides the mode read from /sys, thp_mode), on glibc before 2.35 or another C
+    library, and when the user's GLIBC_TUNABLES already sets glibc.malloc.hugetlb (their
+    choice stands; their other tunables are kept). Raises ValueError naming the variable for
+    any other value."""
+    mode = env_flag(HEAP_FLAG, "0").strip()
+    if mode not in ("0", "1", "malloc"):
+        raise ValueError(f"SGLANG_{HEAP_FLAG}={mode!r}: expected 0 (off), 1 or malloc")
+    if mode == "0":
         return {}
     thp = thp_mode() if thp is None else thp
     version = glibc_version()
@@ -142,7 +153,10 @@ def scheduler_heap_env(device: str, thp: str | None = None) -> dict[str, str]:
     if "glibc.malloc.hugetlb" in names:  # the user's own choice: neither variable is set
         return {}
     joined = f"{tunables}:glibc.malloc.hugetlb=1" if tunables else "glibc.malloc.hugetlb=1"
-    return {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": joined}
+    env = {"GLIBC_TUNABLES": joined}
+    if mode == "malloc" and "PYTHONMALLOC" not in os.environ:
+        env["PYTHONMALLOC"] = "malloc"
+    return env
 
 
 class child_env:
