@@ -619,7 +619,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     ;;
   HEAP)  # thirty-second session: the scheduler's heap on huge pages. Pinned in-process batch-1
     # runs were faster with `malloc` in 5 of 6 pairs, but on the CPU machine `malloc` made
-    # commit and flush 25-38% slower at batch 128 while `1` cost nothing there: both against
+    # the host phases 17-25% slower at batch 128 while `1` was 3% faster: both against
     # pymalloc in servers, at c = 1 and under load, paired by round
     hp="SGLANG_SCHEDULER_HUGEPAGE_HEAP"
     # shellcheck disable=SC2086  # HEAP_CONC is a list of concurrencies

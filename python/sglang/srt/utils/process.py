@@ -129,10 +129,10 @@ def scheduler_heap_env(thp: str | None = None) -> dict[str, str]:
     session"): pinned to one H200 host core, an adaptive SmolLM2 batch-1 step ran 0.656-1.201
     ms per step in six processes with pymalloc and 0.663-1.094 with `malloc`, which was faster
     in 5 of 6 back-to-back pairs (geometric mean 0.916); but on the CPU machine `malloc` made
-    the scheduler's commit and flush 25-38% slower at batch 128 (glibc's malloc is slower than
-    pymalloc at small objects), while `1` cost nothing there at batch 128 and saved ~3% at
-    batch 1. Which one pays on a GPU host under load is not measured yet, so neither is on by
-    default.
+    the scheduler's host phases at batch 128 17-25% slower (its commit 0.75-0.77 against
+    0.56-0.57 ms: glibc's malloc is slower than pymalloc at small objects), while `1` was 3%
+    faster there and 1-2% at batch 1 (commit_host_heap_cpu.json). Which one pays on a GPU
+    host under load is not measured yet, so neither is on by default.
 
     Empty also where the kernel has no huge pages for it ("never", or the mode unreadable;
     `thp` overrides the mode read from /sys, thp_mode), on glibc before 2.35 or another C
