@@ -150,6 +150,82 @@ def test_extend_kernel_on_decode_batch_matches_decode_kernel():
     torch.testing.assert_close(layer(*qkv, fb), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("seed,splits", [(0, None), (1, None), (2, 3), (3, 1), (4, 4), (5, None)])
+def test_verify_as_decode_matches_reference(seed, splits):
+    """SGLANG_TRITON_VERIFY_DECODE: a target verify's token rows attended as grouped decodes
+    of their own positions (ExtendRows) equal the causal extend reference, with and without
+    split-K (forced splits exercise the merge over partly empty splits)."""
+    fb, layer, qkv, expected = make_case(seed, decode=False, max_ext=8, device=DEVICE)
+    fb.forward_mode = ForwardMode.TARGET_VERIFY
+    backend = TritonAttnBackend(decode_num_splits=splits, verify_as_decode=True)
+    fb.attn_backend = backend
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.extend_as_decode and not fb.attn_metadata.is_decode
+    torch.testing.assert_close(layer(*qkv, fb), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_verify_as_decode_only_where_it_applies(monkeypatch):
+    """Off by default; with it on, only target verify steps of at most VERIFY_DECODE_MAX_BS
+    requests and VERIFY_DECODE_MAX_EXTEND tokens each, and only with the grouped kernel; a
+    prefill extend keeps the extend kernel."""
+    from sglang.srt.layers.attention.triton_backend import (
+        VERIFY_DECODE_MAX_BS,
+        VERIFY_DECODE_MAX_EXTEND,
+    )
+
+    monkeypatch.delenv("SGLANG_TRITON_VERIFY_DECODE", raising=False)
+    assert not TritonAttnBackend().verify_as_decode
+    monkeypatch.setenv("SGLANG_TRITON_VERIFY_DECODE", "1")
+    assert TritonAttnBackend().verify_as_decode
+    assert not TritonAttnBackend(grouped_decode=False).verify_as_decode
+    backend = TritonAttnBackend()
+    fb, *_ = make_case(7, decode=False, max_ext=VERIFY_DECODE_MAX_EXTEND, device=DEVICE)
+    backend.init_forward_metadata(fb)
+    assert not fb.attn_metadata.extend_as_decode  # EXTEND: a prefill
+    fb.forward_mode = ForwardMode.TARGET_VERIFY
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.extend_as_decode
+    fb.extend_seq_lens_cpu = [VERIFY_DECODE_MAX_EXTEND + 1] * fb.batch_size
+    backend.init_forward_metadata(fb)
+    assert not fb.attn_metadata.extend_as_decode
+    fb.extend_seq_lens_cpu = [2] * fb.batch_size
+    fb.batch_size = VERIFY_DECODE_MAX_BS + 1
+    backend.init_forward_metadata(fb)
+    assert not fb.attn_metadata.extend_as_decode
+
+
+def test_verify_as_decode_padding_rows_stay_finite():
+    """CUDA-graph token padding after the last request's tokens: the real rows equal the
+    reference and the padding rows (attending the last request's whole length) are finite."""
+    fb, layer, (q, k, v), expected = make_case(9, decode=False, max_ext=6, device=DEVICE)
+    t, pad = q.shape[0], 3
+    z = torch.zeros(pad, dtype=torch.int64, device=DEVICE)
+    fb.forward_mode = ForwardMode.TARGET_VERIFY
+    fb.input_ids = torch.cat([fb.input_ids, z])
+    fb.positions = torch.cat([fb.positions, z])
+    fb.out_cache_loc = torch.cat([fb.out_cache_loc, z])  # the padding slot 0
+    qkv = [torch.cat([x, torch.randn(pad, x.shape[1], device=DEVICE)]) for x in (q, k, v)]
+    backend = TritonAttnBackend(verify_as_decode=True)
+    fb.attn_backend = backend
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.extend_as_decode
+    out = layer(*qkv, fb)
+    torch.testing.assert_close(out[:t].float(), expected, atol=2e-4, rtol=2e-4)
+    assert torch.isfinite(out[t:]).all()
+
+
+def test_extend_rows_refused_with_rope_or_per_head_kernel():
+    from sglang.srt.layers.attention.triton_ops.decode_grouped import ExtendRows
+
+    q = torch.zeros(2, 4, 16, device=DEVICE)
+    kv = torch.zeros(8, 2, 16, device=DEVICE)
+    idx = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    r2t = torch.zeros(1, 8, dtype=torch.int32, device=DEVICE)
+    rows = ExtendRows(idx, idx)
+    with pytest.raises(ValueError, match="needs grouped=True"):
+        decode_attention_fwd(q, kv, kv, q.clone(), r2t, idx, idx + 2, 1.0, rows=rows)
+
+
 def test_one_query_per_request_with_unassigned_rows_is_not_decode():
     """A padded static batch with one query per request but more token rows than requests
     (the chain drafting graph's catch-up of b * (K + 1) rows, run eagerly, when every
@@ -463,3 +539,41 @@ def test_extend_kernel_compiles_once_for_any_index_offset():
     assert compiled_variants(_extend_attn_kernel) == compiled
     for out in outs[1:]:
         assert torch.equal(out, outs[0])
+
+
+def test_spec_engine_with_verify_as_decode_matches_no_speculation(
+    tiny_model_dir, draft_dir, monkeypatch
+):
+    """EAGLE-3 at K = 3 on the Triton backend with SGLANG_TRITON_VERIFY_DECODE=1: the verify
+    steps went through the grouped decode kernel over their token rows, and the greedy outputs
+    equal those of the same target without speculation (torch_native)."""
+    import sglang.srt.layers.attention.triton_backend as tb
+    from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+
+    monkeypatch.setenv("SGLANG_TRITON_VERIFY_DECODE", "1")
+    rows_calls = {"n": 0}
+    real = tb.decode_attention_fwd
+
+    def counted(*args, **kwargs):
+        rows_calls["n"] += kwargs.get("rows") is not None
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tb, "decode_attention_fwd", counted)
+    n = 12
+    sched = make_scheduler(
+        tiny_model_dir,
+        attention_backend="triton",
+        device="auto",
+        dtype="float32",
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3,
+    )
+    params = {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True}
+    for i, ids in enumerate(PROMPTS):
+        submit(sched, f"r{i}", ids, params)
+    outs: dict[str, dict] = {}
+    run_until_idle(sched, outs)
+    got = {rid: o["output_ids"] for rid, o in outs.items()}
+    assert rows_calls["n"] > 0  # verify steps attended as decodes
+    assert got == greedy_outputs(tiny_model_dir, "torch_native", n)

@@ -31,9 +31,11 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (
 )
 from sglang.srt.layers.attention.triton_ops.decode_grouped import (
     DecodeRope,
+    ExtendRows,
     grouped_decode_num_splits,
 )
 from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import env_flag
 
 if TYPE_CHECKING:
@@ -54,6 +56,9 @@ class TritonMetadata:
     extend_start: torch.Tensor  # [bs], offset of request i's first query token
     max_extend_len: int
     is_decode: bool  # every request has exactly one query
+    # a short target verify whose token rows attend as decodes (SGLANG_TRITON_VERIFY_DECODE,
+    # TritonAttnBackend.verify_as_decode): static per CUDA graph
+    extend_as_decode: bool = False
     # split-K decode scratch, allocated by the first decode layer of the forward and shared by
     # all layers (they run one after another); keyed (H, D, num_splits). Under CUDA graphs it
     # is allocated in the warm-up runs and persists with this metadata, so replays reuse it.
@@ -76,6 +81,14 @@ def check_head_dim(head_dim: int) -> None:
         )
 
 
+# SGLANG_TRITON_VERIFY_DECODE=1: a target verify step of at most VERIFY_DECODE_MAX_BS requests
+# and VERIFY_DECODE_MAX_EXTEND tokens each runs the grouped decode kernel over its token rows
+# (ExtendRows) instead of the extend kernel. Off by default: the thirty-second session's
+# kernel tables put the extend kernel at 14-22 us per layer of SmolLM2's batch-1 verify graph
+# (verify_kernels_bs1_h200_s32.json) against ~5 us for a grouped decode, but the path has not
+# been timed on a GPU yet.
+VERIFY_DECODE_MAX_BS = 32
+VERIFY_DECODE_MAX_EXTEND = 8
 DECODE_SPLITS = 8  # KV splits per (request, head) when split-K decode is on
 SPLIT_MIN_CONTEXT = 2048  # split only when requests can be this long (req_to_token width)
 
@@ -87,6 +100,9 @@ class TritonAttnBackend(AttentionBackend):
     decode_num_splits: force the decode split count (tests); None applies the module's rule.
     grouped_decode: the GQA-grouped decode kernel (default: on unless
     SGLANG_TRITON_DECODE_GROUPED=0) or the per-head one.
+    verify_as_decode: short target verify steps attend as grouped decodes over their token
+    rows (default: SGLANG_TRITON_VERIFY_DECODE=1; needs grouped_decode; see
+    VERIFY_DECODE_MAX_BS / VERIFY_DECODE_MAX_EXTEND).
     Raises ValueError on a CPU model runner unless TRITON_INTERPRET=1 is set.
     """
 
@@ -103,12 +119,16 @@ class TritonAttnBackend(AttentionBackend):
         model_runner=None,
         decode_num_splits: int | None = None,
         grouped_decode: bool | None = None,
+        verify_as_decode: bool | None = None,
     ) -> None:
         self.model_runner = model_runner
         self.forced_decode_splits = decode_num_splits
         if grouped_decode is None:
             grouped_decode = env_flag("TRITON_DECODE_GROUPED", "1") != "0"
         self.grouped_decode = grouped_decode
+        if verify_as_decode is None:
+            verify_as_decode = env_flag("TRITON_VERIFY_DECODE", "0") == "1"
+        self.verify_as_decode = verify_as_decode and grouped_decode
         device = getattr(model_runner, "device", None)
         check_backend_device("triton", device)
         if device is None and torch.cuda.is_available():
@@ -136,9 +156,15 @@ class TritonAttnBackend(AttentionBackend):
             return 1
         return DECODE_SPLITS if bs * num_heads < 2 * self.num_sms else 1
 
-    @staticmethod
-    def _metadata(fb: ForwardBatch, max_extend_len: int, is_decode: bool) -> TritonMetadata:
+    def _metadata(self, fb: ForwardBatch, max_extend_len: int, is_decode: bool) -> TritonMetadata:
         """Metadata over fb's own index tensors (the kernels cast them on load)."""
+        as_decode = (
+            self.verify_as_decode
+            and not is_decode
+            and fb.forward_mode == ForwardMode.TARGET_VERIFY
+            and fb.batch_size <= VERIFY_DECODE_MAX_BS
+            and max_extend_len <= VERIFY_DECODE_MAX_EXTEND
+        )
         return TritonMetadata(
             req_pool_indices=fb.req_pool_indices,
             seq_lens=fb.seq_lens,
@@ -147,6 +173,7 @@ class TritonAttnBackend(AttentionBackend):
             extend_start=fb.extend_start_loc,
             max_extend_len=max_extend_len,
             is_decode=is_decode,
+            extend_as_decode=as_decode,
         )
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -207,12 +234,14 @@ class TritonAttnBackend(AttentionBackend):
         k_buf = pool.get_key_buffer(layer.layer_id)
         v_buf = pool.get_value_buffer(layer.layer_id)
         q = q.reshape(-1, h, d)
-        # the decode kernels write every row (a CUDA-graph pad request attends to slot 0);
-        # extend: zeros, so rows no request owns (CUDA-graph token padding) stay finite
-        out = torch.empty_like(q) if m.is_decode else torch.zeros_like(q)
+        # the decode kernels write every row (a CUDA-graph pad request attends to slot 0, a
+        # padding token row of extend_as_decode to its last request); extend: zeros, so rows
+        # no request owns (CUDA-graph token padding) stay finite
+        as_decode = m.is_decode or m.extend_as_decode
+        out = torch.empty_like(q) if as_decode else torch.zeros_like(q)
         r2t = forward_batch.req_to_token_pool.req_to_token
-        if m.is_decode:
-            bs = q.shape[0]
+        if as_decode:
+            bs = q.shape[0]  # rows: requests, or the extend's tokens (ExtendRows)
             splits = self.decode_num_splits(bs, h, r2t.shape[1], layer.tp_k_head_num)
             partials = None
             if splits > 1:
@@ -233,6 +262,7 @@ class TritonAttnBackend(AttentionBackend):
                 partials=partials,
                 grouped=self.grouped_decode,
                 rope=rope,
+                rows=ExtendRows(m.extend_start, m.prefix_lens) if m.extend_as_decode else None,
             )
         else:
             extend_attention_fwd(

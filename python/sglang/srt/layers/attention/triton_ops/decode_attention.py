@@ -26,6 +26,7 @@ from sglang.srt.layers.attention.triton_ops import token_head_strides
 from sglang.srt.layers.attention.triton_ops.decode_grouped import BLOCK_N as GROUPED_BLOCK_N
 from sglang.srt.layers.attention.triton_ops.decode_grouped import (
     DecodeRope,
+    ExtendRows,
     grouped_decode_stage1,
 )
 from sglang.srt.layers.triton_kernels.pdl import launch_args, pdl_wait
@@ -243,6 +244,7 @@ def decode_attention_fwd(
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     grouped: bool = False,
     rope: DecodeRope | None = None,
+    rows: ExtendRows | None = None,
 ) -> None:
     """GQA decode attention; writes `out` (q's dtype) in place. H must be a multiple of Hkv.
 
@@ -253,15 +255,19 @@ def decode_attention_fwd(
     grouped: one program per (request, KV head, split) for the whole query group, with
     tensor-core dots (decode_grouped.py; block_n default 32), instead of one per query head
     (block_n default 64). rope (grouped only): q is unrotated and the grouped kernel also does
-    the layer's RoPE and KV store (decode_grouped.DecodeRope).
-    Raises ValueError on num_splits < 1, partials of the wrong shape, rope without grouped, or
-    rope tensors that do not fit q and the caches.
+    the layer's RoPE and KV store (decode_grouped.DecodeRope). rows (grouped only,
+    decode_grouped.ExtendRows): q's bs rows are the tokens of a short ragged extend, each
+    attended as a decode of its own position, and req_pool_indices / seq_lens are per request.
+    Raises ValueError on num_splits < 1, partials of the wrong shape, rope or rows without
+    grouped, rope with rows, or rope tensors that do not fit q and the caches.
     """
     bs, h, d = q.shape
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     if rope is not None and not grouped:
         raise ValueError("rope (RoPE and the KV store in the decode kernel) needs grouped=True")
+    if rows is not None and not grouped:
+        raise ValueError("rows (a ragged extend's tokens as decode rows) needs grouped=True")
     if bs == 0:
         return
     hkv = k_buf.shape[1]
@@ -269,7 +275,7 @@ def decode_attention_fwd(
         block_n = GROUPED_BLOCK_N if grouped else 64
     if grouped and num_splits == 1:
         args = (q, k_buf, v_buf, out, None, req_to_token, req_pool_indices, seq_lens)
-        grouped_decode_stage1(*args, sm_scale, 1, block_n, rope)
+        grouped_decode_stage1(*args, sm_scale, 1, block_n, rope, rows)
         return
     if num_splits == 1:
         _decode_attn_kernel[(bs, h)](
@@ -304,7 +310,7 @@ def decode_attention_fwd(
         )
     if grouped:
         args = (q, k_buf, v_buf, out, partials, req_to_token, req_pool_indices, seq_lens)
-        grouped_decode_stage1(*args, sm_scale, num_splits, block_n, rope)
+        grouped_decode_stage1(*args, sm_scale, num_splits, block_n, rope, rows)
     else:
         _decode_attn_split_kernel[(bs, h, num_splits)](
             q,

@@ -57,6 +57,24 @@ class DecodeRope:
     loc: torch.Tensor
 
 
+@dataclass(frozen=True)
+class ExtendRows:
+    """The token rows of a short ragged extend (a target verify of 1 + d_i tokens per request),
+    each attended as a decode of its own position (SGLANG_TRITON_VERIFY_DECODE,
+    TritonAttnBackend): row t belongs to the last request i with extend_start[i] <= t and
+    attends that request's keys [0, prefix_lens[i] + t - extend_start[i] + 1), capped at
+    seq_lens[i] (so rows past the last request's tokens, CUDA-graph token padding, attend its
+    whole length: finite, never read). That is the causal mask of extend attention, where a
+    query sees its request's keys up to its own position; the step's keys must be in the KV
+    pool before the kernel runs.
+
+    extend_start, prefix_lens: [bs] int on the kernel's device (extend_start non-decreasing);
+    the kernel's req_pool_indices and seq_lens are then per request ([bs]), not per row."""
+
+    extend_start: torch.Tensor
+    prefix_lens: torch.Tensor
+
+
 MAX_SPLITS = 32  # most KV splits per (request, KV head)
 BLOCK_N = 32  # keys per tile, and the shortest non-empty split
 
@@ -85,7 +103,14 @@ def _rotate_rows(x, partner, cos, sin, sgn, dtype: tl.constexpr):
 
 
 @triton.jit(  # index vectors: as extend_attention.py
-    do_not_specialize_on_alignment=["req_pool_indices", "seq_lens", "pos_ptr", "loc_ptr"]
+    do_not_specialize_on_alignment=[
+        "req_pool_indices",
+        "seq_lens",
+        "pos_ptr",
+        "loc_ptr",
+        "ext_start_ptr",
+        "ext_prefix_ptr",
+    ]
 )
 def _grouped_decode_kernel(
     Q,  # [bs, H, D]
@@ -95,8 +120,8 @@ def _grouped_decode_kernel(
     Mid_o,  # [bs, H, NUM_SPLITS, D] float32, written when NUM_SPLITS > 1
     Mid_ml,  # [bs, H, NUM_SPLITS, 2] float32 (m, l), written when NUM_SPLITS > 1
     req_to_token,  # [pool_rows, max_context_len] int32
-    req_pool_indices,  # [bs]
-    seq_lens,  # [bs]
+    req_pool_indices,  # [bs] (EXTEND_ROWS: [num_reqs], per request)
+    seq_lens,  # [bs] (EXTEND_ROWS: [num_reqs], per request)
     sm_scale,
     stride_qt,
     stride_qh,
@@ -117,6 +142,9 @@ def _grouped_decode_kernel(
     stride_vnew,
     stride_cs,
     max_position,
+    ext_start_ptr,  # EXTEND_ROWS: [num_reqs] first row of each request
+    ext_prefix_ptr,  # EXTEND_ROWS: [num_reqs] cached KV length of each request
+    num_reqs,  # EXTEND_ROWS: requests (the rows are tokens)
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= GROUP and >= 16 (a tensor-core dot's M)
     HEAD_DIM: tl.constexpr,
@@ -126,13 +154,24 @@ def _grouped_decode_kernel(
     USE_PDL: tl.constexpr,  # pdl.py: launched with PDL, wait before the first load
     FUSE_ROPE: tl.constexpr,  # DecodeRope: rotate q and the new key, store the new K / V
     ROPE_HALF: tl.constexpr,  # HEAD_DIM // 2
+    EXTEND_ROWS: tl.constexpr,  # ExtendRows: row b is a token of a ragged extend
+    REQS_P2: tl.constexpr,  # EXTEND_ROWS: next power of two >= num_reqs
 ):
     pdl_wait(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    seq = tl.load(seq_lens + b).to(tl.int32)
-    row = tl.load(req_pool_indices + b).to(tl.int64)
+    if EXTEND_ROWS:  # the last request whose first row is <= b (ExtendRows)
+        offs_r = tl.arange(0, REQS_P2)
+        starts = tl.load(ext_start_ptr + offs_r, mask=offs_r < num_reqs, other=2147483647)
+        req = tl.maximum(tl.sum((starts <= b).to(tl.int32), 0) - 1, 0)
+        first = tl.load(ext_start_ptr + req).to(tl.int32)
+        own = tl.load(ext_prefix_ptr + req).to(tl.int32) + (b - first) + 1
+        seq = tl.minimum(own, tl.load(seq_lens + req).to(tl.int32))
+        row = tl.load(req_pool_indices + req).to(tl.int64)
+    else:
+        seq = tl.load(seq_lens + b).to(tl.int32)
+        row = tl.load(req_pool_indices + b).to(tl.int64)
     chunk = tl.cdiv(tl.cdiv(seq, NUM_SPLITS), BLOCK_N) * BLOCK_N  # whole tiles per split
     start = split * chunk
     end = tl.minimum(start + chunk, seq)
@@ -224,12 +263,15 @@ def grouped_decode_stage1(
     num_splits: int,
     block_n: int = BLOCK_N,
     rope: DecodeRope | None = None,
+    rows: ExtendRows | None = None,
 ) -> None:
     """Launch the grouped kernel over a (bs, Hkv, num_splits) grid. num_splits == 1 writes
     `out`; otherwise the partials, which decode_attention's reduce kernel merges. Shapes and
     partials are checked by the caller (decode_attention.decode_attention_fwd). With `rope`,
     q is unrotated and the kernel does the layer's RoPE and KV store too (DecodeRope); raises
-    ValueError when its tensors do not fit q and the caches."""
+    ValueError when its tensors do not fit q and the caches. With `rows` (ExtendRows), q's bs
+    rows are the tokens of a ragged extend, and req_pool_indices / seq_lens are per request;
+    ValueError together with rope."""
     bs, h, d = q.shape
     hkv = k_buf.shape[1]
     group = h // hkv
@@ -241,6 +283,14 @@ def grouped_decode_stage1(
         rope_args += (rope.k.stride(0), rope.v.stride(0), cs.stride(0), cs.shape[0])
     else:
         rope_args = (seq_lens, seq_lens, q, q, q, 0, 0, 0, 0)  # not read
+    if rows is not None:
+        if rope is not None:
+            raise ValueError("ExtendRows (a ragged extend's rows) cannot fuse RoPE")
+        num_reqs = req_pool_indices.shape[0]
+        row_args = (rows.extend_start, rows.prefix_lens, num_reqs)
+    else:
+        num_reqs = 1
+        row_args = (seq_lens, seq_lens, 1)  # not read
     _grouped_decode_kernel[(bs, hkv, num_splits)](
         q,
         k_buf,
@@ -256,6 +306,7 @@ def grouped_decode_stage1(
         req_to_token.stride(0),
         h,
         *rope_args,
+        *row_args,
         GROUP=group,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=d,
@@ -266,6 +317,8 @@ def grouped_decode_stage1(
         **launch_args(q),
         FUSE_ROPE=rope is not None,
         ROPE_HALF=d // 2,
+        EXTEND_ROWS=rows is not None,
+        REQS_P2=max(2, triton.next_power_of_2(num_reqs)),
     )
 
 
