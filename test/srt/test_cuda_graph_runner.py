@@ -662,6 +662,29 @@ def test_prefill_buckets_of_uneven_batch_sizes_cpu(tiny_model_dir):
     assert graphs.key_for(one, CaptureHiddenMode.NULL) is None
 
 
+def test_static_batches_carry_their_steps_forward_mode(tiny_model_dir):
+    """A graph key's static batch says what step it captures: DECODE for one token per
+    request, EXTEND for a prefill bucket, TARGET_VERIFY for the target's other multi-token
+    keys, DRAFT_EXTEND for the draft runners' catch-ups (backends choose kernels by it:
+    TritonAttnBackend's verify-as-decode takes TARGET_VERIFY steps only)."""
+    from sglang.srt.speculative.draft_cuda_graph_runner import (
+        DraftChainGraphRunner,
+        DraftExtendGraphRunner,
+    )
+
+    sched = make_scheduler(tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=2048)
+    graphs = CudaGraphRunner(
+        sched.tp_worker.model_runner, CaptureHiddenMode.NULL, max_extend_len=4,
+        batch_sizes=[1, 2], use_graphs=False, prefill_max_tokens=16, prefill_max_bs=2,
+    )  # fmt: skip
+    assert graphs._static_batch(GraphKey(2, 2)).forward_mode == ForwardMode.DECODE
+    assert graphs._static_batch(GraphKey(2, 6)).forward_mode == ForwardMode.TARGET_VERIFY
+    assert graphs.is_prefill_key(GraphKey(2, 16))
+    assert graphs._static_batch(GraphKey(2, 16)).forward_mode == ForwardMode.EXTEND
+    for cls in (DraftExtendGraphRunner, DraftChainGraphRunner):
+        assert cls.multi_token_mode == ForwardMode.DRAFT_EXTEND
+
+
 @pytest.mark.gpu
 @gpu
 def test_engine_multi_request_prefill_graphs_equal_eager(tiny_model_dir, monkeypatch):

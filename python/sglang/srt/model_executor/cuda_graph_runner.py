@@ -68,6 +68,11 @@ class CudaGraphRunner(GraphBuckets):
     (the largest bs bucket with prefill buckets; 1: single-request prefills only).
     """
 
+    # The forward mode of a key with more tokens than requests that is no prefill bucket: the
+    # target's verify steps. The draft's runners capture catch-up draft extends instead.
+    # (Attention backends may choose kernels by it: TritonAttnBackend's verify-as-decode.)
+    multi_token_mode = ForwardMode.TARGET_VERIFY
+
     def __init__(
         self,
         model_runner,
@@ -152,7 +157,9 @@ class CudaGraphRunner(GraphBuckets):
         if prefill and mode == CaptureHiddenMode.LAST:
             mode = CaptureHiddenMode.FULL
         return ForwardBatch(
-            forward_mode=ForwardMode.DECODE if n == b else ForwardMode.TARGET_VERIFY,
+            forward_mode=ForwardMode.DECODE
+            if n == b
+            else (ForwardMode.EXTEND if prefill else self.multi_token_mode),
             batch_size=b,
             input_ids=inp.region(d, 5, n),
             positions=inp.region(d, 6, n),

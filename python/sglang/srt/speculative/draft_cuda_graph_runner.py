@@ -95,6 +95,8 @@ class DraftExtendGraphRunner(CudaGraphRunner):
     static batch eagerly, for CPU tests). Capture it before the DraftDecodeGraphRunner of the
     same draft (it sizes the shared attention buffers for its larger token count)."""
 
+    multi_token_mode = ForwardMode.DRAFT_EXTEND  # its multi-token keys are catch-ups
+
     def __init__(
         self, draft_runner, batch_sizes: list[int], max_extend_len: int, use_graphs: bool = True
     ) -> None:
@@ -170,6 +172,8 @@ class DraftChainGraphRunner(CudaGraphRunner):
     batch_sizes (bs buckets), num_steps (K), use_graphs (False: run the padded static batch
     eagerly, for CPU tests; the Triton backend then needs TRITON_INTERPRET=1).
     """
+
+    multi_token_mode = ForwardMode.DRAFT_EXTEND  # its multi-token keys are catch-ups
 
     def __init__(
         self,

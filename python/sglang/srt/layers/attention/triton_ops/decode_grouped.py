@@ -167,7 +167,8 @@ def _grouped_decode_kernel(
         req = tl.maximum(tl.sum((starts <= b).to(tl.int32), 0) - 1, 0)
         first = tl.load(ext_start_ptr + req).to(tl.int32)
         own = tl.load(ext_prefix_ptr + req).to(tl.int32) + (b - first) + 1
-        seq = tl.minimum(own, tl.load(seq_lens + req).to(tl.int32))
+        # at least one key: a padding row whose request holds none stays finite
+        seq = tl.maximum(tl.minimum(own, tl.load(seq_lens + req).to(tl.int32)), 1)
         row = tl.load(req_pool_indices + req).to(tl.int64)
     else:
         seq = tl.load(seq_lens + b).to(tl.int32)
