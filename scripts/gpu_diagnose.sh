@@ -124,6 +124,10 @@
 #                                    # adaptive, c = HEAP_CONC (1 64), CPU sets rotated,
 #                                    # HEAP_ROUNDS (6), fresh processes every HEAP_RESTART (3)
 #                                    # rounds; DIAG_BOX_S (560) bounds every part
+#   bash scripts/gpu_diagnose.sh VD  # verify attention as decodes (thirty-second session,
+#                                    # SGLANG_TRITON_VERIFY_DECODE): its GPU tests, then
+#                                    # SmolLM2 bs 1 static K = 3 with it 0, 1, 0, 1 (step,
+#                                    # verify graph and its kernel table), fresh processes
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -143,7 +147,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|VD|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -660,6 +664,24 @@ for r in json.load(open(sys.argv[1]))['rows']:
     for knob in ${RD_SMOL-0 1}; do
       SGLANG_FUSED_ROPE_DECODE=$knob profile "decode_step_smollm2_bs1_rd${knob}_$TAG" 60 \
         --batch-size 1 --steps 256 --modes overlap
+    done
+    ;;
+  VD)  # thirty-second session: a short target verify's token rows through the grouped decode
+    # kernel (ExtendRows), CPU-tested under the Triton interpreter only. Its GPU tests, then
+    # the in-process static K = 3 step at bs 1 off / on, twice (the extend kernel was 14-22
+    # us per layer of this verify graph, verify_kernels_bs1_h200_s32.json)
+    timeout -k 5 "$(box "${VD_TEST_S:-200}")" python3 -m pytest test/srt/test_triton_attention.py \
+      test/srt/test_cuda_graph_runner.py test/srt/test_spec_engine.py -q -p no:cacheprovider \
+      -rf --tb=short > "$D/gpu_validate_verify_decode_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_verify_decode_$TAG.log"
+    cp "$D/gpu_validate_verify_decode_$TAG.log" "$OUT"/
+    # each value a fresh process (profile_decode_step.py runs every mode in its own)
+    # shellcheck disable=SC2086  # VD_ABAB is a list of values
+    for knob in ${VD_ABAB-0 1 0 1}; do
+      n=$(( ${n:-0} + 1 ))
+      SGLANG_TRITON_VERIFY_DECODE=$knob profile "verify_decode${knob}_r${n}_bs1_$TAG" 80 \
+        --batch-size 1 --steps 200 --modes static_sync --spec-k 3 --kernel-table \
+        --draft-path python/sglang/data/smollm2_eagle3
     done
     ;;
   GN)  # the RMSNorm prologue's scaled kernel: its GPU tests, then ABAB with it off / on
