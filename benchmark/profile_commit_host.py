@@ -40,47 +40,38 @@ from bench_common import (
 PHASES = ("plan", "build", "commit", "flush")
 
 
+def time_method(obj: object, meth: str, sink: list[float]) -> None:
+    """Replace obj.meth with a wrapper that appends each call's wall seconds to `sink`."""
+    real = getattr(obj, meth)
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        r = real(*a, **k)
+        sink.append(time.perf_counter() - t0)
+        return r
+
+    setattr(obj, meth, timed)
+
+
 def commit_ms(model: str, kw: dict, bs: int, steps: int) -> dict[str, float]:
     """Median ms per step of each phase (PHASES) for one configuration."""
     from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
 
     s = make_scheduler(model, device="cpu", dtype="float32", max_total_tokens=65536, **kw)
     times: dict[str, list[float]] = {k: [] for k in PHASES}
-    for obj, meth, key in (
-        (s.builder, "get_next_batch_to_run", "plan"),
-        (s.builder, "build_model_worker_batch", "build"),
-        (s.outputs, "process_batch_result", "commit"),
-        (s.outputs, "flush", "flush"),
-    ):
-        real = getattr(obj, meth)
-
-        def timed(*a, _real=real, _key=key, **k):
-            t0 = time.perf_counter()
-            r = _real(*a, **k)
-            times[_key].append(time.perf_counter() - t0)
-            return r
-
-        setattr(obj, meth, timed)
+    time_method(s.builder, "get_next_batch_to_run", times["plan"])
+    time_method(s.builder, "build_model_worker_batch", times["build"])
+    time_method(s.outputs, "process_batch_result", times["commit"])
+    time_method(s.outputs, "flush", times["flush"])
     # the adaptive controller's rare calls, each timed where the scheduler makes it (caches
     # cold after the plain steps between them): its policy runs and the step-time model's
     # re-solves
     calls: dict[str, list[float]] = {}
     if s.spec is not None and s.spec.adaptive is not None:
         ctl = s.spec.adaptive
-        for obj, meth, key in (
-            (ctl, "_run_policy", "policy_run"),
-            (ctl.time_model, "_solve", "solve"),
-        ):
-            real = getattr(obj, meth)
-            calls[key] = []
-
-            def timed_call(*a, _real=real, _key=key, **k):
-                t0 = time.perf_counter()
-                r = _real(*a, **k)
-                calls[_key].append(time.perf_counter() - t0)
-                return r
-
-            setattr(obj, meth, timed_call)
+        calls = {"policy_run": [], "solve": []}
+        time_method(ctl, "_run_policy", calls["policy_run"])
+        time_method(ctl.time_model, "_solve", calls["solve"])
     params = {"max_new_tokens": steps + 8, "temperature": 0, "ignore_eos": True}
     for i in range(bs):
         submit(s, f"r{i}", list(range(10, 40)), params, stream=True)
