@@ -121,13 +121,18 @@
 #   bash scripts/gpu_diagnose.sh HEAP  # the scheduler heap on huge pages (thirty-second
 #                                    # session, SGLANG_SCHEDULER_HUGEPAGE_HEAP): SmolLM2
 #                                    # no_spec with pymalloc (the default), 1 and malloc, and
-#                                    # adaptive, c = HEAP_CONC (1 64), CPU sets rotated,
+#                                    # adaptive (HEAP_CONFIGS; adaptive_tunable: adaptive
+#                                    # with 1), c = HEAP_CONC (1 64), CPU sets rotated,
 #                                    # HEAP_ROUNDS (6), fresh processes every HEAP_RESTART (3)
 #                                    # rounds; DIAG_BOX_S (560) bounds every part
 #   bash scripts/gpu_diagnose.sh VD  # verify attention as decodes (thirty-second session,
 #                                    # SGLANG_TRITON_VERIFY_DECODE): its GPU tests, then
 #                                    # SmolLM2 bs 1 static K = 3 with it 0, 1, 0, 1 (step,
 #                                    # verify graph and its kernel table), fresh processes
+#   bash scripts/gpu_diagnose.sh VA  # verify-as-decode's accept lengths (thirty-fourth
+#                                    # session): eagle3_accept_length.py K = 3 in float32 and
+#                                    # bfloat16 with it 0, 1, the bs-1 static K = 3 step in
+#                                    # float32 0, 1, then its GPU tests with it on
 #   bash scripts/gpu_diagnose.sh LC  # the long_catchup feature (twenty-eighth session):
 #                                    # check_warmup_fit.py again, then SmolLM2 no_spec /
 #                                    # adaptive paired at c = LC_CONC (1 4), LC_ROUNDS (4),
@@ -147,7 +152,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|VD|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|VD|VA|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -626,10 +631,12 @@ for r in json.load(open(sys.argv[1]))['rows']:
     # the host phases 17-25% slower at batch 128 while `1` was 3% faster: both against
     # pymalloc in servers, at c = 1 and under load, paired by round
     hp="SGLANG_SCHEDULER_HUGEPAGE_HEAP"
-    # shellcheck disable=SC2086  # HEAP_CONC is a list of concurrencies
+    # shellcheck disable=SC2086  # HEAP_CONC and HEAP_CONFIGS are lists
     timeout -k 10 "$(box 560)" python3 benchmark/paired_serving.py --preset smollm2 \
-      --configs no_spec no_spec_tunable no_spec_malloc adaptive \
+      --configs ${HEAP_CONFIGS:-no_spec no_spec_tunable no_spec_malloc adaptive} \
       --add-config "no_spec_tunable=$hp=1" --add-config "no_spec_malloc=$hp=malloc" \
+      --add-config "adaptive_tunable=$hp=1 --speculative-algorithm EAGLE3 \
+        --speculative-num-steps 5 --speculative-adaptive" \
       --concurrency ${HEAP_CONC:-1 64} \
       --rounds "${HEAP_ROUNDS:-6}" --restart-every "${HEAP_RESTART:-3}" \
       --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --host-probe-cpu 15 --rotate-cpu-sets \
@@ -684,6 +691,37 @@ for r in json.load(open(sys.argv[1]))['rows']:
         --draft-path python/sglang/data/smollm2_eagle3
     done
     ;;
+  VA)  # thirty-fourth session: does verify-as-decode change what is accepted? (the thirty-third
+    # session's batch-1 static K = 3 accepted 2.01 tokens per verify with it off and 2.89 with
+    # it on, bf16.) Greedy through eagle3_accept_length.py, float32 (0 mismatches against no
+    # speculation expected both ways) then bfloat16, off / on; then the batch-1 static K = 3
+    # step in float32 off / on (equal accept lengths expected); then the GPU tests with it on
+    for dt in ${VA_DTYPES-float32 bfloat16}; do
+      for knob in 0 1; do
+        [ "$(left)" -lt 60 ] && { echo "no time left for $dt vd$knob"; break; }
+        SGLANG_TRITON_VERIFY_DECODE=$knob timeout -k 5 "$(box "${VA_RUN_S:-110}")" python3 \
+          benchmark/eagle3_accept_length.py --draft-path python/sglang/data/smollm2_eagle3 \
+          --k 3 --datasets mtbench humaneval --num-prompts "${VA_PROMPTS:-16}" \
+          --max-new-tokens 64 --dtype "$dt" \
+          --output "$D/eagle3_accept_length_vd${knob}_${dt}_$TAG.json" \
+          > "$D/accept_vd${knob}_${dt}.log" 2>&1
+        echo "$dt vd$knob rc=$? at $(( $(date +%s) - T0 )) s"; tail -2 "$D/accept_vd${knob}_${dt}.log"
+        tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" . 2>/dev/null
+      done
+    done
+    for knob in 0 1; do
+      SGLANG_TRITON_VERIFY_DECODE=$knob profile "verify_decode${knob}_fp32_bs1_$TAG" 80 \
+        --batch-size 1 --steps 200 --modes static_sync --spec-k 3 --dtype float32 \
+        --draft-path python/sglang/data/smollm2_eagle3
+      grep -h -E '"(accept_length|accept_histogram)"' "$D/verify_decode${knob}_fp32_bs1_$TAG.json"
+    done
+    SGLANG_TRITON_VERIFY_DECODE=1 timeout -k 5 "$(box "${VA_TEST_S:-300}")" python3 -m pytest \
+      test/srt/test_triton_attention.py test/srt/test_cuda_graph_runner.py \
+      test/srt/test_spec_engine.py -q -p no:cacheprovider -rf --tb=short \
+      > "$D/gpu_validate_verify_decode_$TAG.log" 2>&1
+    echo "tests rc=$?"; tail -4 "$D/gpu_validate_verify_decode_$TAG.log"
+    cp "$D/gpu_validate_verify_decode_$TAG.log" "$OUT"/
+    ;;
   GN)  # the RMSNorm prologue's scaled kernel: its GPU tests, then ABAB with it off / on
     timeout -k 5 "$(box "${GN_TEST_S:-120}")" python3 -m pytest test/srt/test_fused_gemv_prologue.py \
       -q -p no:cacheprovider -rf --tb=short > "$D/gpu_validate_norm_prologue_$TAG.log" 2>&1
@@ -703,7 +741,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs1_$TAG" 110 --batch-size 1 --steps 192 --ttft-rounds 8
     cp "$D"/*.json "$OUT"/ 2>/dev/null
     ;;
-  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP, WU, HP, AB or X)"; exit 2 ;;
+  *) echo "unknown part $PART (T, G, F, S, O, W, V, Q, P, PF, L, H, FL, CV, TV, TD, GM, TA, GD, GF, GR, GE, GN, GP, RD, PN, MP, WU, HP, AB, HEAP, VD, VA or X)"; exit 2 ;;
 esac
 cp "$D"/*.json "$OUT"/ 2>/dev/null
 tar czf "$OUT/diag_${PART}_$TAG.tgz" -C "$D" .
