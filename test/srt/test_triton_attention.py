@@ -165,17 +165,17 @@ def test_verify_as_decode_matches_reference(seed, splits):
 
 
 def test_verify_as_decode_only_where_it_applies(monkeypatch):
-    """Off by default; with it on, only target verify steps of at most VERIFY_DECODE_MAX_BS
-    requests and VERIFY_DECODE_MAX_EXTEND tokens each, and only with the grouped kernel; a
-    prefill extend keeps the extend kernel."""
+    """On by default (SGLANG_TRITON_VERIFY_DECODE=0 turns it off); only target verify steps of
+    at most VERIFY_DECODE_MAX_BS requests and VERIFY_DECODE_MAX_EXTEND tokens each, and only
+    with the grouped kernel; a prefill extend keeps the extend kernel."""
     from sglang.srt.layers.attention.triton_backend import (
         VERIFY_DECODE_MAX_BS,
         VERIFY_DECODE_MAX_EXTEND,
     )
 
-    monkeypatch.delenv("SGLANG_TRITON_VERIFY_DECODE", raising=False)
+    monkeypatch.setenv("SGLANG_TRITON_VERIFY_DECODE", "0")
     assert not TritonAttnBackend().verify_as_decode
-    monkeypatch.setenv("SGLANG_TRITON_VERIFY_DECODE", "1")
+    monkeypatch.delenv("SGLANG_TRITON_VERIFY_DECODE", raising=False)
     assert TritonAttnBackend().verify_as_decode
     assert not TritonAttnBackend(grouped_decode=False).verify_as_decode
     backend = TritonAttnBackend()

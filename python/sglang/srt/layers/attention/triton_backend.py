@@ -81,12 +81,13 @@ def check_head_dim(head_dim: int) -> None:
         )
 
 
-# SGLANG_TRITON_VERIFY_DECODE=1: a target verify step of at most VERIFY_DECODE_MAX_BS requests
-# and VERIFY_DECODE_MAX_EXTEND tokens each runs the grouped decode kernel over its token rows
-# (ExtendRows) instead of the extend kernel. Off by default: the thirty-second session's
-# kernel tables put the extend kernel at 14-22 us per layer of SmolLM2's batch-1 verify graph
-# (verify_kernels_bs1_h200_s32.json) against ~5 us for a grouped decode, but the path has not
-# been timed on a GPU yet.
+# Verify as decodes (on unless SGLANG_TRITON_VERIFY_DECODE=0): a target verify step of at most
+# VERIFY_DECODE_MAX_BS requests and VERIFY_DECODE_MAX_EXTEND tokens each runs the grouped decode
+# kernel over its token rows (ExtendRows) instead of the extend kernel. On the H200 (thirty-
+# fourth session, SmolLM2 batch-1 static K = 3, float32) it took the verify graph from 3.37 to
+# 1.47 ms and the step from 3.54 to 2.47 ms, with the same accepted drafts (verify_decode
+# {0,1}_fp32_bs1_h200_s34.json) and no mismatch against no speculation
+# (eagle3_accept_length_vd1_float32_h200_s34.json).
 VERIFY_DECODE_MAX_BS = 32
 VERIFY_DECODE_MAX_EXTEND = 8
 DECODE_SPLITS = 8  # KV splits per (request, head) when split-K decode is on
@@ -101,7 +102,7 @@ class TritonAttnBackend(AttentionBackend):
     grouped_decode: the GQA-grouped decode kernel (default: on unless
     SGLANG_TRITON_DECODE_GROUPED=0) or the per-head one.
     verify_as_decode: short target verify steps attend as grouped decodes over their token
-    rows (default: SGLANG_TRITON_VERIFY_DECODE=1; needs grouped_decode; see
+    rows (default: on unless SGLANG_TRITON_VERIFY_DECODE=0; needs grouped_decode; see
     VERIFY_DECODE_MAX_BS / VERIFY_DECODE_MAX_EXTEND).
     Raises ValueError on a CPU model runner unless TRITON_INTERPRET=1 is set.
     """
@@ -127,7 +128,7 @@ class TritonAttnBackend(AttentionBackend):
             grouped_decode = env_flag("TRITON_DECODE_GROUPED", "1") != "0"
         self.grouped_decode = grouped_decode
         if verify_as_decode is None:
-            verify_as_decode = env_flag("TRITON_VERIFY_DECODE", "0") == "1"
+            verify_as_decode = env_flag("TRITON_VERIFY_DECODE", "1") != "0"
         self.verify_as_decode = verify_as_decode and grouped_decode
         device = getattr(model_runner, "device", None)
         check_backend_device("triton", device)
