@@ -31,6 +31,7 @@ def _manager(seen: list, work_s: float) -> TokenizerManager:
     as the fast tokenizer does) and raises Tokenized."""
     tm = object.__new__(TokenizerManager)
     tm.rid_to_state = {}
+    tm.rid_groups = {}
     tm.served_model_name = "m"
     tm.server_args = SimpleNamespace(model_path="m")
     tm._ensure_handle_loop = lambda: None

@@ -24,6 +24,7 @@ def _manager() -> tuple[TokenizerManager, list]:
     tm = object.__new__(TokenizerManager)
     sent: list = []
     tm.rid_to_state = {}
+    tm.rid_groups = {}
     tm.metrics_collector = None
     tm.server_args = SimpleNamespace(
         log_requests=False, max_queued_requests=None, max_running_requests=8
@@ -94,5 +95,51 @@ def test_a_batch_with_a_taken_or_repeated_rid_sends_nothing():
             with pytest.raises(ValueError, match=why):
                 await gen.__anext__()
             assert sent == [] and set(tm.rid_to_state) <= {"busy"}
+
+    asyncio.run(run())
+
+
+def test_the_rid_of_a_request_with_n_choices_aborts_and_holds_them_all():
+    """Found over HTTP (a helper's review, thirty-fourth session): with n > 1 each choice runs
+    as `rid-k`, and /abort_request {"rid": rid} did nothing (both choices ran to their end),
+    while a second request with the same rid was admitted. The client's rid now names the
+    whole request until generate_request returns."""
+
+    async def run() -> None:
+        tm, sent = _manager()
+        tm._expand = TokenizerManager._expand.__get__(tm)  # the real n > 1 expansion
+        tm._sockets_ready = True
+        sp = {"n": 2, "max_new_tokens": 4}
+        gen = tm.generate_request(GenerateReqInput("t", rid="nr", sampling_params=sp))
+        done = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0)
+        assert set(tm.rid_to_state) == {"nr-0", "nr-1"}
+        assert tm.rid_groups == {"nr": ["nr-0", "nr-1"]}
+        for taken in ("nr", "nr-1"):
+            again = tm.generate_request(GenerateReqInput("t", rid=taken))
+            with pytest.raises(ValueError, match="already in flight"):
+                await again.__anext__()
+        single = tm.generate_request(GenerateReqInput("t", rid="solo"))
+        solo = asyncio.ensure_future(single.__anext__())
+        await asyncio.sleep(0)
+        pair = tm.generate_request(GenerateReqInput("t", rid="solo", sampling_params=sp))
+        with pytest.raises(ValueError, match="already in flight"):  # its choices are free
+            await pair.__anext__()
+        sent.clear()
+        tm.abort_request("nr")
+        assert sorted(m.rid for m in sent if isinstance(m, AbortReq)) == ["nr-0", "nr-1"]
+        tm.abort_request("nr-1")  # one choice alone, by its own id
+        assert sent[-1].rid == "nr-1"
+        for rid in ("nr-0", "nr-1", "solo"):
+            tm._handle_batch_out(_out(rid, [], final=True))
+        outs = await done
+        assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort", "abort"]
+        await solo
+        await gen.aclose()
+        await single.aclose()
+        assert tm.rid_groups == {} and tm.rid_to_state == {}
+        sent.clear()
+        tm.abort_request("nr")  # nothing in flight under it any more
+        assert sent == []
 
     asyncio.run(run())

@@ -85,6 +85,10 @@ class TokenizerManager:
         # In-flight requests: added by _submit, updated by tokenizer_output.handle_batch_out,
         # removed by generate_request's exit or (abandoned ones) by handle_batch_out.
         self.rid_to_state: dict[str, ReqState] = {}
+        # The client's rid of a request with n > 1 -> its choices' rids (choice_rid): added
+        # and removed by generate_request, so that the client's rid is in flight too and
+        # abort_request(rid) aborts every choice.
+        self.rid_groups: dict[str, list[str]] = {}
         # token id -> text for return_text_in_logprobs (cached per id, at most the vocabulary)
         self._token_text = TokenTextCache(self.tokenizer)
         self.rng = random.Random(server_args.random_seed)
@@ -147,15 +151,18 @@ class TokenizerManager:
         # validates all before sending any
         tokenized = await self.off_loop(lambda: [self._tokenize(o) for o in singles], chars)
         rids = [t.rid for t in tokenized]
-        if len(set(rids)) < len(rids):
-            dup = next(r for r in rids if rids.count(r) > 1)
+        groups = self._choice_groups(obj)
+        named = rids + list(groups)
+        if len(set(named)) < len(named):
+            dup = next(r for r in named if named.count(r) > 1)
             raise ValueError(f"'rid' {dup!r} appears more than once in the batch")
-        for rid in rids:  # before any is sent: a refused batch leaves nothing behind
-            if rid in self.rid_to_state:
+        for rid in named:  # before any is sent: a refused batch leaves nothing behind
+            if rid in self.rid_to_state or rid in self.rid_groups:
                 raise ValueError(f"'rid' {rid!r} is already in flight (duplicate request id)")
         self._check_queue(len(tokenized))
         for o, t in zip(singles, tokenized, strict=True):
             self._submit(t, text_in_logprobs=bool(o.return_text_in_logprobs))
+        self.rid_groups.update(groups)
         try:
             if len(rids) == 1 and obj.is_single() and not self._n(obj) > 1:
                 async for out in self._wait_one(rids[0], obj.stream):
@@ -166,6 +173,8 @@ class TokenizerManager:
             else:
                 yield [await self._final(r) for r in rids]
         finally:
+            for rid in groups:
+                self.rid_groups.pop(rid, None)
             for rid in rids:
                 state = self.rid_to_state.get(rid)
                 if state is None:
@@ -186,6 +195,16 @@ class TokenizerManager:
             n = sp.get("n", 1)
             return n if isinstance(n, int) and not isinstance(n, bool) else 1
         return 1
+
+    def _choice_groups(self, obj: GenerateReqInput) -> dict[str, list[str]]:
+        """The client's rid -> its choices' rids, for each prompt of obj that names a rid and
+        asks for n > 1 choices (obj as _expand has validated it)."""
+        items = [obj] if obj.is_single() else [obj[i] for i in range(obj.batch_size())]
+        return {
+            item.rid: [choice_rid(item.rid, k) for k in range(self._n(item))]
+            for item in items
+            if isinstance(item.rid, str) and self._n(item) > 1
+        }
 
     def _expand(self, obj: GenerateReqInput) -> list[GenerateReqInput]:
         """Split a batch into single requests and expand n > 1 into n copies."""
@@ -374,8 +393,13 @@ class TokenizerManager:
 
     # ---------------------------------------------------------------- control
     def abort_request(self, rid: str) -> None:
-        if rid in self.rid_to_state and self._sockets_ready:
-            self._send(AbortReq(rid))
+        """Abort the request `rid` in flight (every choice of a request with n > 1 when rid is
+        the client's id of it); an unknown or finished rid is ignored, as upstream does."""
+        if not self._sockets_ready:
+            return
+        for r in self.rid_groups.get(rid, [rid]):
+            if r in self.rid_to_state:
+                self._send(AbortReq(r))
 
     def abort_all(self) -> int:
         """Abort every request in flight (upstream's AbortReq(abort_all=True)); each finishes
