@@ -305,6 +305,24 @@ def test_bad_server_args_are_named(tiny_model_dir, kw, flag):
         Engine(model_path=tiny_model_dir, **kw)
 
 
+def test_a_missing_draft_is_refused_before_the_scheduler_starts(tiny_model_dir, monkeypatch):
+    """A bad --speculative-draft-model-path is a bad flag: one ValueError naming it before any
+    model loads (found by a new-user helper, thirty-fourth session: the target and its KV
+    cache loaded first, then the scheduler failed with a traceback)."""
+    import sglang.srt.entrypoints.engine as engine_mod
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("the scheduler was started")
+
+    monkeypatch.setattr(engine_mod.mp, "get_context", no_spawn)
+    with pytest.raises(ValueError, match="draft model path '/nonexistent/draft' does not exist"):
+        Engine(
+            model_path=tiny_model_dir,
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path="/nonexistent/draft",
+        )
+
+
 def test_upstream_cli_spellings():
     """launch_server flags as upstream spells them: --tensor-parallel-size is --tp-size's long
     form; --log-level takes any case and refuses an unknown level with argparse's usage error

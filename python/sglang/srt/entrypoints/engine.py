@@ -23,6 +23,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.server_args_resolve import resolve_server_args
+from sglang.srt.speculative.draft_config import read_draft_config
 from sglang.srt.utils.process import (
     child_env,
     kill_process_tree,
@@ -47,8 +48,8 @@ class PortArgs:
 def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list[mp.Process]]:
     """Resolve the arguments, start the scheduler process, wait for its model to load.
 
-    Raises ValueError for bad arguments (unknown model path, unsupported architecture, a bad
-    SGLANG_SCHEDULER_HUGEPAGE_HEAP, ...)
+    Raises ValueError for bad arguments (unknown model path, unsupported architecture, a
+    speculative draft path without a config.json, a bad SGLANG_SCHEDULER_HUGEPAGE_HEAP, ...)
     and RuntimeError when the scheduler fails to start (its error message included).
     """
     server_args = resolve_server_args(server_args)
@@ -59,6 +60,9 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[TokenizerManager, list
         dtype=server_args.dtype,
         device=server_args.device,
     )
+    if server_args.speculative_algorithm and server_args.speculative_draft_model_path:
+        # a missing draft is a bad flag: refuse it before the target model loads
+        read_draft_config(server_args.speculative_draft_model_path)
     port_args = PortArgs.new()
     from sglang.srt.managers.scheduler import run_scheduler_process
 
