@@ -131,3 +131,22 @@ def test_server_args_validation():
     assert (
         parse_adaptive_config('{"guard_backoff": 64, "guard_backoff_max": 64}').guard_backoff == 64
     )
+
+
+def test_speculative_flags_without_an_algorithm_are_named_as_ignored(caplog):
+    """Upstream ignores --speculative-num-steps and its kin without --speculative-algorithm;
+    here the server says so once at start (a new-user helper found them silently ignored,
+    thirty-fourth session) and serves without speculation."""
+    a = ServerArgs(speculative_num_steps=3, speculative_draft_model_path="/x")
+    with caplog.at_level("WARNING", logger="sglang.srt.server_args_resolve"):
+        resolve_speculative_args(a, bundled=False)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == [
+        "--speculative-draft-model-path, --speculative-num-steps given without "
+        "--speculative-algorithm: ignored, speculation is off"
+    ]
+    assert a.speculative_algorithm is None
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sglang.srt.server_args_resolve"):
+        resolve_speculative_args(ServerArgs(), bundled=False)
+    assert caplog.records == []

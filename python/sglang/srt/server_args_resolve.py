@@ -4,6 +4,7 @@ ServerArgs.__post_init__); validate combinations. Raises ValueError naming the f
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 import torch
@@ -11,6 +12,8 @@ import torch
 from sglang.srt.layers.attention import check_backend_device
 from sglang.srt.model_loader import resolve_model_path
 from sglang.srt.server_args import DEFAULT_PREFILL_GRAPH_TOKENS, ServerArgs
+
+logger = logging.getLogger(__name__)
 
 # Largest --cuda-graph-prefill-max-tokens: each bucket's graph keeps its activations (and, on a
 # speculative server, [T, 3H] hidden states) while the server runs, so longer prefills stay
@@ -109,6 +112,21 @@ def resolve_speculative_args(a: ServerArgs, bundled: bool) -> None:
             )
         if a.speculative_coupled_sampling:
             raise ValueError("--speculative-coupled-sampling needs --speculative-algorithm")
+        unused = [
+            "--" + name.replace("_", "-")
+            for name in (
+                "speculative_draft_model_path",
+                "speculative_num_steps",
+                "speculative_eagle_topk",
+                "speculative_num_draft_tokens",
+            )
+            if getattr(a, name) is not None
+        ]
+        if unused:  # upstream ignores them too; say so instead of serving without speculation
+            logger.warning(
+                "%s given without --speculative-algorithm: ignored, speculation is off",
+                ", ".join(unused),
+            )
         return
     if a.speculative_adaptive_config is not None and not a.speculative_adaptive:
         raise ValueError("--speculative-adaptive-config needs --speculative-adaptive")
