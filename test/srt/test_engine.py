@@ -323,6 +323,64 @@ def test_a_missing_draft_is_refused_before_the_scheduler_starts(tiny_model_dir, 
         )
 
 
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"prompt": "Hi", "sampling_params": "abc"}, "sampling_params must be a dict"),
+        ({"input_ids": {"a": 1}}, "input_ids must be a list of ints"),
+        ({"input_ids": [[1, 2], [3, "x"]]}, "input_ids must be a list of ints"),
+        ({"prompt": 5}, "prompt must be a str or a list of str, got int"),
+        ({"prompt": ["a", None]}, "prompt must be a str or a list of str"),
+    ],
+)
+def test_wrong_argument_types_are_named(engine, kw, message):
+    """Found by a new-user helper (thirty-fourth session): these gave "dictionary update
+    sequence element #0 ...", KeyError 0 and "object of type 'int' has no len()"."""
+    with pytest.raises(ValueError, match=message):
+        engine.generate(**kw)
+    assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_calls_after_shutdown_raise(tiny_model_dir):
+    """generate() after shutdown() waited forever for the dead scheduler (a new-user helper,
+    thirty-fourth session); every call now raises, and so do calls once the scheduler died."""
+    e = Engine(model_path=tiny_model_dir)
+    assert e.generate("Hi", {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+    e.procs[0].kill()
+    e.procs[0].join(10)
+    with pytest.raises(RuntimeError, match="scheduler process exited"):
+        e.generate("Hi", {"max_new_tokens": 1})
+    e.shutdown()
+    for call in (lambda: e.generate("Hi"), e.flush_cache, e.get_server_info):
+        with pytest.raises(RuntimeError, match="the engine is shut down"):
+            call()
+
+
+def test_adaptive_config_as_a_dict(tiny_model_dir, draft_dir, monkeypatch):
+    """Engine(speculative_adaptive_config=<dict>) is read as its JSON text (it raised
+    AttributeError 'dict' object has no attribute 'strip', a new-user helper found)."""
+    import sglang.srt.entrypoints.engine as engine_mod
+
+    class Spawned(Exception):
+        pass
+
+    def no_spawn(*args, **kwargs):
+        raise Spawned
+
+    monkeypatch.setattr(engine_mod.mp, "get_context", no_spawn)
+    kw = dict(
+        model_path=tiny_model_dir,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_dir,
+        speculative_num_steps=3,
+        speculative_adaptive=True,
+    )
+    with pytest.raises(ValueError, match="--speculative-adaptive-config.*bogus"):
+        Engine(**kw, speculative_adaptive_config={"bogus": 1})
+    with pytest.raises(Spawned):  # valid: the arguments resolved and the scheduler would start
+        Engine(**kw, speculative_adaptive_config={"policy": "tiers", "tiers": {"1": 3, "4": 2}})
+
+
 def test_upstream_cli_spellings():
     """launch_server flags as upstream spells them: --tensor-parallel-size is --tp-size's long
     form; --log-level takes any case and refuses an unknown level with argparse's usage error

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import json
 import logging
 import multiprocessing as mp
+import numbers
 import os
 import tempfile
 from collections.abc import Iterator
@@ -97,7 +99,9 @@ class Engine:
     """Offline engine: `Engine(model_path=None, **server_args).generate(prompt, sampling_params)`.
 
     Returns upstream-style dicts {"text", "output_ids", "meta_info"} (a list for a list of
-    prompts). Use as a context manager or call shutdown().
+    prompts). Use as a context manager or call shutdown(); a call after shutdown(), or after
+    the scheduler process died, raises RuntimeError. `speculative_adaptive_config` takes a
+    dict or its JSON text.
     """
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
@@ -105,6 +109,11 @@ class Engine:
         unknown = sorted(set(kwargs) - fields)
         if unknown:
             raise ValueError(f"unknown server argument(s): {', '.join(unknown)}")
+        if isinstance(kwargs.get("speculative_adaptive_config"), dict):
+            kwargs["speculative_adaptive_config"] = json.dumps(
+                kwargs["speculative_adaptive_config"]
+            )
+        self._shut_down = False
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         self.loop = asyncio.new_event_loop()
         self.tokenizer_manager, self.procs = launch_subprocesses(self.server_args)
@@ -122,6 +131,11 @@ class Engine:
         rid: str | list[str] | None = None,
         stream: bool = False,
     ) -> dict | list[dict] | Iterator[dict]:
+        """Generate for one prompt (a dict) or a list (a list of dicts); with stream=True an
+        iterator of partial outputs. Raises ValueError for a bad request (naming the field),
+        RuntimeError once the engine is shut down."""
+        self._check_running()
+        check_engine_inputs(prompt, sampling_params, input_ids)
         obj = GenerateReqInput(
             text=prompt,
             input_ids=input_ids,
@@ -144,17 +158,31 @@ class Engine:
             except StopAsyncIteration:
                 return
 
+    def _check_running(self) -> None:
+        """RuntimeError after shutdown() or once the scheduler process has exited (a request
+        would wait for it forever)."""
+        if self._shut_down:
+            raise RuntimeError("the engine is shut down; create a new Engine")
+        dead = [p for p in self.procs if not p.is_alive()]
+        if dead:
+            raise RuntimeError(
+                f"the scheduler process exited (code {dead[0].exitcode}); create a new Engine"
+            )
+
     def get_server_info(self) -> dict:
         """The resolved server arguments and the scheduler's state, both at the top level and
         (as GET /get_server_info returns it) under "internal_states"."""
+        self._check_running()
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
         info = {k: v for k, v in dataclasses.asdict(self.server_args).items() if k != "api_key"}
         return {**info, **state, "internal_states": [state]}
 
     def flush_cache(self) -> bool:
+        self._check_running()
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
 
     def shutdown(self) -> None:
+        self._shut_down = True
         task = getattr(getattr(self, "tokenizer_manager", None), "_handle_task", None)
         if task is not None and not task.done() and not self.loop.is_closed():
             task.cancel()
@@ -169,6 +197,33 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def check_engine_inputs(prompt: Any, sampling_params: Any, input_ids: Any) -> None:
+    """ValueError naming the argument when Engine.generate's prompt (str or list of str),
+    sampling_params (dict or list of dicts) or input_ids (list of ints or list of lists of
+    ints) has another type; values are checked later, as for HTTP requests."""
+
+    def ids(x: Any) -> bool:  # numpy integers count (numbers.Integral)
+        return isinstance(x, (list, tuple)) and all(
+            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in x
+        )
+
+    if prompt is not None and not (
+        isinstance(prompt, str)
+        or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
+    ):
+        raise ValueError(f"prompt must be a str or a list of str, got {type(prompt).__name__}")
+    if sampling_params is not None and not (
+        isinstance(sampling_params, dict)
+        or (isinstance(sampling_params, list) and all(isinstance(d, dict) for d in sampling_params))
+    ):
+        got = type(sampling_params).__name__
+        raise ValueError(f"sampling_params must be a dict or a list of dicts, got {got}")
+    if input_ids is not None and not (
+        ids(input_ids) or (isinstance(input_ids, (list, tuple)) and all(map(ids, input_ids)))
+    ):
+        raise ValueError("input_ids must be a list of ints or a list of lists of ints")
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
