@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 
 import torch
@@ -32,7 +33,9 @@ def make_inputs(bs: int, input_len: int, vocab: int, seed: int) -> list[list[int
 
 
 def bench_engine(sched: Scheduler, inputs: list[list[int]], output_len: int) -> dict:
-    """One prefill step for the whole batch, then output_len - 1 decode steps."""
+    """One prefill step for the whole batch, then the decode steps of the other output_len - 1
+    tokens of each request (fewer steps than tokens with speculative decoding: decode_tok_s
+    counts tokens, decode_step_ms divides by steps)."""
     for i, ids in enumerate(inputs):
         sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
         sp.normalize(None)
@@ -60,8 +63,10 @@ def bench_engine(sched: Scheduler, inputs: list[list[int]], output_len: int) -> 
         "prefill_s": t_prefill,
         "prefill_tok_s": prefill_tokens / t_prefill,
         "decode_s": t_decode,
-        "decode_tok_s": bs * decode_steps / t_decode if decode_steps else 0.0,
+        # every request makes exactly output_len tokens (ignore_eos), the first in its prefill
+        "decode_tok_s": bs * (output_len - 1) / t_decode if decode_steps else 0.0,
         "decode_step_ms": 1000 * t_decode / max(1, decode_steps),
+        "decode_steps": decode_steps,
     }
 
 
@@ -101,8 +106,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--skip-hf", action="store_true", help="Do not run HF transformers.")
     p.add_argument("--result-file", type=str, default=None, help="Write results as JSON.")
     args = p.parse_args(argv)
+    for flag, values, low in (
+        ("--batch-size", args.batch_size, 1),
+        ("--input-len", args.input_len, 1),
+        ("--output-len", args.output_len, 0),
+    ):
+        if min(values) < low:
+            p.error(f"{flag} must be >= {low}, got {min(values)}")
+    if args.result_file:
+        folder = os.path.dirname(os.path.abspath(args.result_file))
+        if not os.path.isdir(folder):
+            p.error(f"--result-file: folder {folder} does not exist")
     sa = resolve_server_args(ServerArgs.from_cli_args(args))
     mc = ModelConfig(sa.model_path, sa.context_length, sa.dtype, sa.device)
+    longest = max(args.input_len) + max(args.output_len)
+    if longest > mc.context_len:
+        p.error(
+            f"--input-len + --output-len ({longest}) exceeds the model's context length "
+            f"({mc.context_len})"
+        )
     sched = Scheduler(sa, mc)
     rows = []
     for bs in args.batch_size:
