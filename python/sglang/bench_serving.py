@@ -95,7 +95,9 @@ async def benchmark(args: argparse.Namespace, rows: list[DatasetRow], model: str
     """Run the benchmark; return the result dict (also printed)."""
     func = backend_func(args.backend)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
+    extra = args.extra_request_body or {}
+    if isinstance(extra, str):  # a Namespace built without check_args
+        extra = json.loads(extra)
 
     def make_input(row: DatasetRow) -> RequestFuncInput:
         return RequestFuncInput(
@@ -293,13 +295,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--extra-request-body",
         default=None,
-        help="JSON merged into every request body, e.g. '{\"max_draft_tokens\": 2}'.",
+        help="JSON object merged into every request body: for the OpenAI backends e.g. "
+        '\'{"max_draft_tokens": 2}\'; for sglang (/generate) its "sampling_params" are '
+        'merged into the benchmark\'s, e.g. \'{"sampling_params": {"max_draft_tokens": 2}}\'.',
     )
     return p
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse's usage error (exit 2) for values that would fail later with a traceback:
+    a request rate <= 0, a max concurrency < 1, warm-up requests < 0, an extra request body
+    that is not a JSON object. Parses --extra-request-body in place."""
+    if not args.request_rate > 0:
+        p.error(f"--request-rate must be > 0 (inf sends all at once), got {args.request_rate}")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        p.error(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
+    if args.warmup_requests < 0:
+        p.error(f"--warmup-requests must be >= 0, got {args.warmup_requests}")
+    if isinstance(args.extra_request_body, str):
+        try:
+            body = json.loads(args.extra_request_body)
+        except json.JSONDecodeError as e:
+            p.error(f"--extra-request-body is not JSON: {e}")
+        if not isinstance(body, dict):
+            p.error("--extra-request-body must be a JSON object")
+        args.extra_request_body = body
+
+
 def main(argv: list[str] | None = None) -> dict:
-    return run_benchmark(build_parser().parse_args(argv))
+    p = build_parser()
+    args = p.parse_args(argv)
+    check_args(p, args)
+    try:
+        return run_benchmark(args)
+    except requests.exceptions.ConnectionError as e:
+        url = args.base_url or f"http://{args.host}:{args.port}"
+        raise SystemExit(f"bench_serving: cannot reach the server at {url}: {e}") from None
 
 
 if __name__ == "__main__":

@@ -118,7 +118,9 @@ def server(tiny_model_dir):
         (
             "sglang",
             "random",
-            ["--random-input-len", "24", "--random-output-len", "6", "--random-range-ratio", "0.5"],
+            ["--random-input-len", "24", "--random-output-len", "6", "--random-range-ratio", "0.5"]
+            # merged into the benchmark's sampling params: the output lengths still hold
+            + ["--extra-request-body", '{"sampling_params": {"top_k": 1}}'],
         ),
         ("sglang-oai", "sharegpt", ["--sharegpt-output-len", "4"]),
         (
@@ -166,3 +168,33 @@ def test_bench_against_live_server(server, tokenizer, tmp_path, backend, dataset
     assert result["total_input_tokens"] == sum(r.prompt_len for r in rows)
     assert result["mean_ttft_ms"] > 0 and result["mean_e2e_latency_ms"] >= result["mean_ttft_ms"]
     assert result["accept_length"] is None  # no speculation on this server
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--request-rate", "0"], "--request-rate must be > 0"),
+        (["--request-rate", "-1"], "--request-rate must be > 0"),
+        (["--max-concurrency", "0"], "--max-concurrency must be >= 1"),
+        (["--warmup-requests", "-1"], "--warmup-requests must be >= 0"),
+        (["--extra-request-body", "{bad"], "--extra-request-body is not JSON"),
+        (["--extra-request-body", "[1]"], "--extra-request-body must be a JSON object"),
+    ],
+)
+def test_bad_flags_are_usage_errors(capsys, argv, message):
+    """Found by a new-user helper (thirty-fourth session): these raised ZeroDivisionError,
+    numpy's "scale < 0" or a JSONDecodeError traceback, or (concurrency 0) ran anyway."""
+    with pytest.raises(SystemExit) as e:
+        bench_serving.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_one_message():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(SystemExit, match=f"cannot reach the server at http://127.0.0.1:{port}"):
+        bench_serving.main(["--port", str(port), "--disable-tqdm"])

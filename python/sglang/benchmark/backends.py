@@ -96,16 +96,14 @@ async def _run(
 async def request_sglang_generate(
     session: aiohttp.ClientSession, inp: RequestFuncInput
 ) -> RequestFuncOutput:
-    body = {
-        "text": inp.prompt,
-        "sampling_params": {
-            "temperature": 0.0,
-            "max_new_tokens": inp.output_len,
-            "ignore_eos": inp.ignore_eos,
-        },
-        "stream": True,
-        **inp.extra_request_body,
+    extra = dict(inp.extra_request_body)
+    sampling = {
+        "temperature": 0.0,
+        "max_new_tokens": inp.output_len,
+        "ignore_eos": inp.ignore_eos,
+        **(extra.pop("sampling_params", None) or {}),  # merged, not replacing the lengths
     }
+    body = {"text": inp.prompt, "sampling_params": sampling, "stream": True, **extra}
     seen = {"tokens": 0}
 
     def step(event: dict, out: RequestFuncOutput) -> tuple[bool, int | None]:
