@@ -253,7 +253,14 @@ def main(argv: list[str] | None = None) -> dict:
     Run order: the first K of --k, the reference (no speculation), the other Ks; so a run cut
     short by a time limit still has the first K. Mismatches are None until the reference ran.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if min(args.k) < 1:  # 0 is no speculation: the reference run, always made
+        parser.error(f"--k values must be >= 1, got {min(args.k)}")
+    if args.num_prompts is not None and args.num_prompts < 1:  # 0 read as "all" before
+        parser.error(f"--num-prompts must be >= 1 (leave it out for all), got {args.num_prompts}")
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     import torch
     from transformers import AutoTokenizer
 

@@ -112,3 +112,20 @@ def test_benchmark_sampled_coupled_keeps_the_reference(bench, tiny_model_dir, tm
     r = result["results"]["2"]["mtbench"]
     assert result["mismatches"] == 0 and r["mismatches"] == 0
     assert sum(r["accept_histogram"]) > 0  # it did verify drafts
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--k", "0"], "--k values must be >= 1"),
+        (["--num-prompts", "0"], "--num-prompts must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    ],
+)
+def test_bad_sizes_are_usage_errors(bench, capsys, argv, message):
+    """A new-user helper (thirty-fourth session): --num-prompts 0 ran every prompt, --k 0 ended
+    in a traceback from the engine."""
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
