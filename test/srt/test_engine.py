@@ -341,6 +341,30 @@ def test_wrong_argument_types_are_named(engine, kw, message):
     assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
 
 
+def test_threads_take_turns(engine, reference):
+    """Two threads calling one Engine: the second's run_until_complete raised "This event
+    loop is already running" (a new-user helper, thirty-fourth session); now both finish with
+    the outputs of sequential calls."""
+    import threading
+
+    outs: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            outs[i] = engine.generate(PROMPTS[i], GREEDY)["output_ids"]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert [outs[i] for i in range(4)] == reference[:4]
+
+
 def test_calls_after_shutdown_raise(tiny_model_dir):
     """generate() after shutdown() waited forever for the dead scheduler (a new-user helper,
     thirty-fourth session); every call now raises, and so do calls once the scheduler died."""

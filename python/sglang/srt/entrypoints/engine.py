@@ -15,6 +15,7 @@ import multiprocessing as mp
 import numbers
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -99,9 +100,10 @@ class Engine:
     """Offline engine: `Engine(model_path=None, **server_args).generate(prompt, sampling_params)`.
 
     Returns upstream-style dicts {"text", "output_ids", "meta_info"} (a list for a list of
-    prompts). Use as a context manager or call shutdown(); a call after shutdown(), or after
-    the scheduler process died, raises RuntimeError. `speculative_adaptive_config` takes a
-    dict or its JSON text.
+    prompts). Calls from several threads take turns on the engine's event loop. Use as a
+    context manager or call shutdown(); a call after shutdown(), or after the scheduler
+    process died, raises RuntimeError. `speculative_adaptive_config` takes a dict or its JSON
+    text.
     """
 
     def __init__(self, model_path: str | None = None, **kwargs: Any) -> None:
@@ -114,6 +116,9 @@ class Engine:
                 kwargs["speculative_adaptive_config"]
             )
         self._shut_down = False
+        # one event loop serves every call: threads calling at once take turns on it (a
+        # second run_until_complete raised "This event loop is already running")
+        self._loop_lock = threading.RLock()
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
         self.loop = asyncio.new_event_loop()
         self.tokenizer_manager, self.procs = launch_subprocesses(self.server_args)
@@ -149,14 +154,19 @@ class Engine:
         gen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._iterate(gen)
-        return self.loop.run_until_complete(gen.__anext__())
+        return self._run(gen.__anext__())
 
     def _iterate(self, agen) -> Iterator[dict]:
         while True:
             try:
-                yield self.loop.run_until_complete(agen.__anext__())
+                yield self._run(agen.__anext__())
             except StopAsyncIteration:
                 return
+
+    def _run(self, aw: Any) -> Any:
+        """Run awaitable `aw` on the engine's loop, one caller at a time."""
+        with self._loop_lock:
+            return self.loop.run_until_complete(aw)
 
     def _check_running(self) -> None:
         """RuntimeError after shutdown() or once the scheduler process has exited (a request
@@ -173,20 +183,20 @@ class Engine:
         """The resolved server arguments and the scheduler's state, both at the top level and
         (as GET /get_server_info returns it) under "internal_states"."""
         self._check_running()
-        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        state = self._run(self.tokenizer_manager.get_internal_state())
         info = {k: v for k, v in dataclasses.asdict(self.server_args).items() if k != "api_key"}
         return {**info, **state, "internal_states": [state]}
 
     def flush_cache(self) -> bool:
         self._check_running()
-        return self.loop.run_until_complete(self.tokenizer_manager.flush_cache())
+        return self._run(self.tokenizer_manager.flush_cache())
 
     def shutdown(self) -> None:
         self._shut_down = True
         task = getattr(getattr(self, "tokenizer_manager", None), "_handle_task", None)
         if task is not None and not task.done() and not self.loop.is_closed():
             task.cancel()
-            self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+            self._run(asyncio.gather(task, return_exceptions=True))
         for p in getattr(self, "procs", []):
             if p.is_alive():
                 kill_process_tree(p.pid)
