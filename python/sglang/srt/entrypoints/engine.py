@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 import multiprocessing as mp
-import numbers
 import os
 import tempfile
 import threading
@@ -22,7 +21,7 @@ from multiprocessing import resource_tracker
 from typing import Any
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.io_struct import GENERATE_FIELD_TYPES, GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.server_args_resolve import resolve_server_args
@@ -209,31 +208,23 @@ class Engine:
         self.shutdown()
 
 
+# Engine.generate's argument -> (GenerateReqInput field, the types it takes)
+_ENGINE_INPUTS = {
+    "prompt": ("text", "a str or a list of str"),
+    "sampling_params": ("sampling_params", "a dict or a list of dicts"),
+    "input_ids": ("input_ids", "a list of ints or a list of lists of ints"),
+}
+
+
 def check_engine_inputs(prompt: Any, sampling_params: Any, input_ids: Any) -> None:
-    """ValueError naming the argument when Engine.generate's prompt (str or list of str),
-    sampling_params (dict or list of dicts) or input_ids (list of ints or list of lists of
-    ints) has another type; values are checked later, as for HTTP requests."""
-
-    def ids(x: Any) -> bool:  # numpy integers count (numbers.Integral)
-        return isinstance(x, (list, tuple)) and all(
-            isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in x
-        )
-
-    if prompt is not None and not (
-        isinstance(prompt, str)
-        or (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt))
-    ):
-        raise ValueError(f"prompt must be a str or a list of str, got {type(prompt).__name__}")
-    if sampling_params is not None and not (
-        isinstance(sampling_params, dict)
-        or (isinstance(sampling_params, list) and all(isinstance(d, dict) for d in sampling_params))
-    ):
-        got = type(sampling_params).__name__
-        raise ValueError(f"sampling_params must be a dict or a list of dicts, got {got}")
-    if input_ids is not None and not (
-        ids(input_ids) or (isinstance(input_ids, (list, tuple)) and all(map(ids, input_ids)))
-    ):
-        raise ValueError("input_ids must be a list of ints or a list of lists of ints")
+    """ValueError naming the argument when Engine.generate's prompt, sampling_params or
+    input_ids has a type /generate refuses too (io_struct.GENERATE_FIELD_TYPES); values are
+    checked later, as for HTTP requests."""
+    given = {"prompt": prompt, "sampling_params": sampling_params, "input_ids": input_ids}
+    for arg, value in given.items():
+        field, expected = _ENGINE_INPUTS[arg]
+        if value is not None and not GENERATE_FIELD_TYPES[field](value):
+            raise ValueError(f"{arg} must be {expected}, got {type(value).__name__}")
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

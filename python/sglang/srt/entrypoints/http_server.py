@@ -44,7 +44,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse_frames,
 )
 from sglang.srt.entrypoints.upstream_fields import drop_inert_fields
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.io_struct import GENERATE_FIELD_TYPES, GenerateReqInput
 from sglang.srt.managers.request_validation import (
     json_too_deep,
     json_too_deep_message,
@@ -138,32 +138,13 @@ def parse_generate_body(body: bytes) -> GenerateReqInput:
         raise OpenAIError(f"unknown field(s): {', '.join(unknown)}", 400, param=unknown[0])
     if data.get("text") is None and data.get("input_ids") is None:
         raise OpenAIError("either 'text' or 'input_ids' must be given", 400, param="text")
-    checks = {
-        "text": lambda v: isinstance(v, str) or _list_of(v, str),
-        "input_ids": lambda v: (
-            _list_of(v, int) or (_list_of(v, list) and all(_list_of(x, int) for x in v))
-        ),
-        "sampling_params": lambda v: isinstance(v, dict) or _list_of(v, dict),
-        "stream": lambda v: isinstance(v, bool),
-        "return_logprob": lambda v: isinstance(v, bool) or _list_of_bools(v),
-        "return_text_in_logprobs": lambda v: isinstance(v, bool),
-        "rid": lambda v: isinstance(v, str) or _list_of(v, str),
-    }
-    for name, ok in checks.items():
+    for name, ok in GENERATE_FIELD_TYPES.items():
         if data.get(name) is not None and not ok(data[name]):
             raise OpenAIError(f"'{name}' has the wrong type", 400, param=name)
     for name in ("text", "input_ids"):
         if data.get(name) is not None and len(data[name]) == 0:
             raise OpenAIError(f"'{name}' must not be empty", 400, param=name)
     return GenerateReqInput(**data)
-
-
-def _list_of_bools(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, bool) for x in v)
-
-
-def _list_of(v: Any, typ: type) -> bool:
-    return isinstance(v, list) and all(isinstance(x, typ) and not isinstance(x, bool) for x in v)
 
 
 # ---- app -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ TokenizedGenerateReqInput goes to the scheduler over ZMQ; BatchStrOut comes back
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,30 @@ class GenerateReqInput:
 
 def new_rid() -> str:
     return uuid.uuid4().hex
+
+
+def list_of(v: Any, typ: type) -> bool:
+    """v is a list whose items are all `typ` (a bool is no int)."""
+    return isinstance(v, list) and all(isinstance(x, typ) and not isinstance(x, bool) for x in v)
+
+
+def list_of_bools(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, bool) for x in v)
+
+
+# The accepted types of GenerateReqInput's fields (single prompt or batch), checked before a
+# request is split: by the HTTP server's /generate parser and by Engine.generate.
+GENERATE_FIELD_TYPES: dict[str, Callable[[Any], bool]] = {
+    "text": lambda v: isinstance(v, str) or list_of(v, str),
+    "input_ids": lambda v: (
+        list_of(v, int) or (list_of(v, list) and all(list_of(x, int) for x in v))
+    ),
+    "sampling_params": lambda v: isinstance(v, dict) or list_of(v, dict),
+    "stream": lambda v: isinstance(v, bool),
+    "return_logprob": lambda v: isinstance(v, bool) or list_of_bools(v),
+    "return_text_in_logprobs": lambda v: isinstance(v, bool),
+    "rid": lambda v: isinstance(v, str) or list_of(v, str),
+}
 
 
 @dataclass
