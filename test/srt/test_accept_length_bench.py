@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from sglang.test.cli_checks import assert_usage_error
 from sglang.test.tiny_eagle3 import make_tiny_eagle3_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,7 +126,4 @@ def test_benchmark_sampled_coupled_keeps_the_reference(bench, tiny_model_dir, tm
 def test_bad_sizes_are_usage_errors(bench, capsys, argv, message):
     """A new-user helper (thirty-fourth session): --num-prompts 0 ran every prompt, --k 0 ended
     in a traceback from the engine."""
-    with pytest.raises(SystemExit) as e:
-        bench.main(argv)
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error(bench.main, argv, message, capsys)

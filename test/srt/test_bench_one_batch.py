@@ -11,6 +11,7 @@ import pytest
 
 import sglang
 from sglang.bench_one_batch import main
+from sglang.test.cli_checks import assert_usage_error
 
 DRAFT = os.path.join(os.path.dirname(sglang.__file__), "data", "smollm2_eagle3")
 
@@ -48,7 +49,4 @@ def test_speculative_decode_counts_tokens_not_steps():
     ],
 )
 def test_bad_sizes_are_refused(tiny_model_dir, capsys, args, message):
-    with pytest.raises(SystemExit) as e:
-        main(["--model-path", tiny_model_dir, "--skip-hf", *args])
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error(main, ["--model-path", tiny_model_dir, "--skip-hf", *args], message, capsys)

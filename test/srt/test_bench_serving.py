@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from sglang import bench_serving
 from sglang.benchmark import datasets
 from sglang.benchmark.backends import RequestFuncOutput
+from sglang.test.cli_checks import assert_usage_error
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +185,7 @@ def test_bench_against_live_server(server, tokenizer, tmp_path, backend, dataset
 def test_bad_flags_are_usage_errors(capsys, argv, message):
     """Found by a new-user helper (thirty-fourth session): these raised ZeroDivisionError,
     numpy's "scale < 0" or a JSONDecodeError traceback, or (concurrency 0) ran anyway."""
-    with pytest.raises(SystemExit) as e:
-        bench_serving.main(argv)
-    assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    assert_usage_error(bench_serving.main, argv, message, capsys)
 
 
 def test_an_unreachable_server_is_one_message():
