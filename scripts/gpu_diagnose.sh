@@ -692,8 +692,8 @@ for r in json.load(open(sys.argv[1]))['rows']:
     done
     ;;
   VA)  # thirty-fourth session: does verify-as-decode change what is accepted? (the thirty-third
-    # session's batch-1 static K = 3 accepted 2.01 tokens per verify with it off and 2.89 with
-    # it on, bf16.) Greedy through eagle3_accept_length.py, float32 (0 mismatches against no
+    # session's batch-1 static K = 3 accepted different drafts off and on in bf16; its results
+    # did not land.) Greedy through eagle3_accept_length.py, float32 (0 mismatches against no
     # speculation expected both ways) then bfloat16, off / on; then the batch-1 static K = 3
     # step in float32 off / on (equal accept lengths expected); then the GPU tests with it on
     for dt in ${VA_DTYPES-float32 bfloat16}; do
