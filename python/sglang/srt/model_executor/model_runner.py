@@ -90,25 +90,47 @@ class ModelRunner:
         logger.info("Model loaded in %.1f s (dtype %s)", time.perf_counter() - t0, self.dtype)
 
     def profile_max_num_tokens(self) -> int:
+        """KV slots of the token pool (int, tokens). --max-total-tokens when given, capped on
+        CUDA at what fits in --mem-fraction-static of the GPU after the weights (upstream
+        caps it the same way and warns); else that fit on CUDA, SGLANG_MAX_TOTAL_TOKENS_DEFAULT
+        (the test suite sharing one GPU), or the CPU default. Each slot holds the target's KV
+        of every layer and, when speculating, the hidden state the draft reads.
+
+        Raises RuntimeError when the GPU cannot hold 128 slots and no smaller
+        --max-total-tokens was asked for."""
         mc = self.model_config
         per_token = MHATokenToKVPool.bytes_per_token(
             self.dtype, mc.num_key_value_heads, mc.head_dim, mc.num_hidden_layers
         ) + HiddenStatePool.bytes_per_token(self.hidden_width, self.dtype)
-        if self.server_args.max_total_tokens is not None:
-            return self.server_args.max_total_tokens
-        if env_flag("MAX_TOTAL_TOKENS_DEFAULT"):  # used by the test suite to share one GPU
-            return int(env_flag("MAX_TOTAL_TOKENS_DEFAULT"))
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            frac = self.server_args.mem_fraction_static or 0.85
-            budget = free - total * (1 - frac)
-            if budget <= per_token * 128:
-                raise RuntimeError(
-                    f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free, "
-                    f"--mem-fraction-static {frac}; raise it or use a smaller model"
-                )
-            return int(budget // per_token)
-        return min(CPU_MAX_DEFAULT_TOKENS, CPU_DEFAULT_KV_BYTES // per_token)
+        requested = self.server_args.max_total_tokens
+        if requested is None and env_flag("MAX_TOTAL_TOKENS_DEFAULT"):
+            requested = int(env_flag("MAX_TOTAL_TOKENS_DEFAULT"))
+        if self.device.type != "cuda":
+            if requested is not None:
+                return requested
+            return min(CPU_MAX_DEFAULT_TOKENS, CPU_DEFAULT_KV_BYTES // per_token)
+        free, total = torch.cuda.mem_get_info(self.device)
+        frac = self.server_args.mem_fraction_static or 0.85
+        fit = int(max(0.0, free - total * (1 - frac)) // per_token)
+        if requested is not None and requested <= fit:
+            return requested
+        if fit < 128:
+            raise RuntimeError(
+                f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free, "
+                f"--mem-fraction-static {frac} leaves room for {fit} tokens; raise it, lower "
+                "--max-total-tokens or use a smaller model"
+            )
+        if requested is not None:
+            logger.warning(
+                "--max-total-tokens %d does not fit in --mem-fraction-static %.2f of the GPU "
+                "(%.1f GiB free after the weights, %d bytes per token): using %d tokens",
+                requested,
+                frac,
+                free / 2**30,
+                per_token,
+                fit,
+            )
+        return fit
 
     @property
     def hidden_width(self) -> int:
