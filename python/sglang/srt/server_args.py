@@ -76,7 +76,9 @@ class ServerArgs:
         None, "CUDA: fraction of GPU memory for weights + KV cache (default 0.85)."
     )
     max_total_tokens: int | None = _arg(
-        None, "KV pool capacity in tokens (CPU default: what fits in 1 GiB, at most 65536)."
+        None,
+        "KV pool capacity in tokens (CPU default: what fits in 1 GiB, at most 65536; CUDA: "
+        "capped at what fits in --mem-fraction-static, with a warning).",
     )
     max_running_requests: int | None = _arg(None, "Max requests in the running batch.")
     chunked_prefill_size: int | None = _arg(
