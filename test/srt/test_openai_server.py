@@ -1,12 +1,21 @@
 """OpenAI-compatible endpoints through the official `openai` client against a live server
-(tiny random Llama, CPU): results must equal the native /generate for the same token ids."""
+(tiny random Llama, CPU): results must equal the native /generate for the same token ids.
+Request checks (tool_choice, best_of, ignored fields) also run in-process, against the real app
+over a stand-in TokenizerManager (no server needed)."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from types import SimpleNamespace
 
 import openai
 import pytest
 from test_http_server import ServerProcess
 from transformers import AutoTokenizer
+
+from sglang.srt.entrypoints.http_server import create_app
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 PARTS = [{"type": "text", "text": "Name "}, {"type": "text", "text": "a colour."}]
@@ -223,3 +232,170 @@ def test_seed_reproducible(client):
     other = client.completions.create(**kw, seed=7).choices[0].text
     assert a == b
     assert other != a  # the seed does change the sample
+
+
+# ---- request checks, in-process --------------------------------------------------------------
+class _StubTokenizer:
+    chat_template = "stub"  # the tokenizer "has" a template: no ChatML fallback warning
+
+    def apply_chat_template(self, messages: list[dict], **kw) -> str:
+        return "".join(m["content"] for m in messages)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] * max(len(text), 1)
+
+
+class _StubTM:
+    """What the OpenAI routes use of a TokenizerManager; every request generates "ok"."""
+
+    served_model_name = "m"
+    server_args = SimpleNamespace(model_path="m")
+    model_config = SimpleNamespace(context_len=64)
+    tokenizer = _StubTokenizer()
+
+    async def off_loop(self, fn, chars: int):
+        return fn()
+
+    def check_text_size(self, text: str, param: str) -> None:
+        pass
+
+    async def generate_request(self, obj):
+        n = obj.sampling_params.get("n", 1)
+        meta = {"id": obj.rid, "finish_reason": {"type": "length"}}
+        meta |= {"prompt_tokens": 1, "completion_tokens": 1}
+        outs = [{"text": "ok", "meta_info": {**meta, "index": i}} for i in range(n)]
+        yield outs if n > 1 else outs[0]
+
+    def abort_request(self, rid: str) -> None:
+        pass
+
+
+_ARGS = SimpleNamespace(
+    api_key=None, enable_metrics=False, chat_template=None, model_path="m", log_requests=False
+)
+
+
+@pytest.fixture(scope="module")
+def app():
+    return create_app(_StubTM(), _ARGS)
+
+
+def _post(app, path: str, body: dict) -> tuple[int, dict]:
+    """POST a JSON body to the ASGI app; (status, JSON response)."""
+    sent: list[dict] = []
+    request = {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+
+    async def receive() -> dict:
+        nonlocal request
+        if request is not None:
+            msg, request = request, None
+            return msg
+        await asyncio.Event().wait()  # the client stays (is_disconnected cancels this)
+
+    async def send(msg: dict) -> None:
+        sent.append(msg)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(data)
+
+
+CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMP_BODY = {"model": "m", "prompt": "hi", "max_tokens": 2}
+FN = {"type": "function", "function": {"name": "get_weather"}}
+
+REFUSED = [  # (path, extra fields, the error's exact message); param is the field at fault
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice 'required' needs tools"),
+    ("/v1/chat/completions", {"tool_choice": "required", "tools": []},
+     "tool_choice 'required' needs tools"),
+    ("/v1/chat/completions", {"tool_choice": FN},
+     'tool_choice naming function "get_weather" needs tools'),
+    ("/v1/chat/completions", {"tool_choice": FN, "tools": None},
+     'tool_choice naming function "get_weather" needs tools'),
+    ("/v1/chat/completions", {"tool_choice": "sometimes"},
+     "tool_choice must be 'none', 'auto', 'required' or a function object, got \"sometimes\""),
+    ("/v1/completions", {"best_of": 3},
+     "best_of is not supported other than equal to n (got best_of=3, n=1); leave it out or set "
+     "it to n"),
+    ("/v1/completions", {"best_of": 3, "n": 2},
+     "best_of is not supported other than equal to n (got best_of=3, n=2); leave it out or set "
+     "it to n"),
+    ("/v1/completions", {"best_of": 1, "n": 2}, "best_of must be >= n (got best_of=1, n=2)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path,extra,message", REFUSED, ids=[str(i) for i in range(len(REFUSED))])
+def test_tool_choice_and_best_of_refusals(app, path, extra, message):
+    base = CHAT_BODY if path.endswith("chat/completions") else COMP_BODY
+    status, body = _post(app, path, {**base, **extra})
+    assert status == 400, body
+    param = "best_of" if "best_of" in extra else "tool_choice"
+    assert body == {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": None,
+        }
+    }
+
+
+ACCEPTED = [  # (path, extra fields, choices expected)
+    ("/v1/chat/completions", {"tool_choice": "none"}, 1),
+    ("/v1/chat/completions", {"tool_choice": "auto", "tools": []}, 1),
+    ("/v1/chat/completions", {"tool_choice": None}, 1),
+    ("/v1/completions", {"best_of": None}, 1),
+    ("/v1/completions", {"best_of": 1}, 1),
+    ("/v1/completions", {"best_of": 2, "n": 2}, 2),
+]
+
+
+@pytest.mark.parametrize("path,extra,choices", ACCEPTED, ids=[str(i) for i in range(len(ACCEPTED))])
+def test_tool_choice_without_forcing_and_best_of_equal_to_n_are_served(app, path, extra, choices):
+    base = CHAT_BODY if path.endswith("chat/completions") else COMP_BODY
+    status, body = _post(app, path, {**base, **extra})
+    assert status == 200, body
+    assert len(body["choices"]) == choices
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_unknown_fields_are_served_with_one_warning_naming_them(app, path, caplog):
+    base = CHAT_BODY if path.endswith("chat/completions") else COMP_BODY
+    extras = {"lora_path": None, "zz_custom": 1}
+    known = {"top_k": 5, "min_p": 0.1, "ignore_eos": True, "stop_token_ids": [2], "rid": "r1"}
+    with caplog.at_level(logging.WARNING):
+        status, body = _post(app, path, {**base, **known, **extras})
+    assert status == 200 and len(body["choices"]) == 1, body
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"{path}: ignored request fields (this server does not read them): 'lora_path', 'zz_custom'"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # only declared fields: no warning
+        status, _ = _post(app, path, {**base, **known})
+    assert status == 200 and caplog.records == []
+
+
+def test_unknown_field_warning_reaches_the_server_log(server, client):
+    """Through the openai client's extra_body: served, and the server's log names the field."""
+    r = client.completions.create(
+        model="tiny-llama",
+        prompt="hi",
+        max_tokens=2,
+        extra_body={"ignore_eos": True, "separate_reasoning": True},
+    )
+    assert r.usage.completion_tokens == 2
+    line = "/v1/completions: ignored request fields (this server does not read them): "
+    assert line + "'separate_reasoning'" in server.log_text()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny-llama", messages=FLAT, max_tokens=2, tool_choice="required"
+        )
+    assert e.value.status_code == 400 and "tool_choice 'required' needs tools" in str(e.value)

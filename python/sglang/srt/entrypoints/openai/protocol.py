@@ -5,8 +5,10 @@ min_p, repetition_penalty, ...) are accepted at the top level, which is where th
 `extra_body` puts them. Invalid values fail validation, and the server answers 400 with a message
 naming the field (see errors.py). As in OpenAI's API and /generate, integer fields take JSON
 integers only (2.0, true and "2" are refused) and number fields finite numbers only (not true,
-"0.5" or Infinity); the error names the field and its range. Responses are built as plain dicts by
-the serving modules.
+"0.5" or Infinity); the error names the field and its range. Top-level fields a model does not
+declare are kept (pydantic's model_extra), not refused, since SGLang clients send extra_body
+fields; the routes log their names once per request as ignored. Responses are built as plain
+dicts by the serving modules.
 """
 
 from __future__ import annotations
@@ -115,9 +117,12 @@ class StreamOptions(BaseModel):
 
 class SamplingFields(BaseModel):
     """Sampling fields shared by completions and chat; `to_sampling_params` maps them to SGLang's
-    native sampling_params dict (upstream names: max_new_tokens, sampling_seed, ...)."""
+    native sampling_params dict (upstream names: max_new_tokens, sampling_seed, ...).
 
-    model_config = ConfigDict(extra="ignore")
+    Undeclared top-level fields land in `model_extra` (read by nothing but the routes' warning
+    that names them as ignored)."""
+
+    model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="before")
     @classmethod
@@ -226,6 +231,21 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
 
+    @model_validator(mode="after")
+    def _best_of_equals_n(self) -> CompletionRequest:
+        """best_of must be >= n (OpenAI's rule); the server generates n completions and does
+        not rank extra candidates, so any best_of other than n is refused, not ignored."""
+        if self.best_of is None or self.best_of == self.n:
+            return self
+        if self.best_of < self.n:
+            msg = f"best_of must be >= n (got best_of={self.best_of}, n={self.n})"
+        else:
+            msg = (
+                f"best_of is not supported other than equal to n (got best_of={self.best_of}, "
+                f"n={self.n}); leave it out or set it to n"
+            )
+        raise OpenAIError(msg, 400, param="best_of")
+
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt_ids_are_ints(cls, v: Any) -> Any:
@@ -322,6 +342,28 @@ class ChatCompletionRequest(SamplingFields):
             # its own in pydantic's error, and the body's param must still name it
             raise OpenAIError("'top_logprobs' needs 'logprobs': true", 400, param="top_logprobs")
         return self
+
+    @model_validator(mode="after")
+    def _forced_tool_needs_tools(self) -> ChatCompletionRequest:
+        """tool_choice "required" or a named function forces a tool call, which needs tools
+        (OpenAI's rule); "none" and "auto" need none. Another string is refused, as OpenAI."""
+        tc = self.tool_choice
+        if isinstance(tc, str) and tc not in ("none", "auto", "required"):
+            raise OpenAIError(
+                f"tool_choice must be 'none', 'auto', 'required' or a function object, got "
+                f"{json_text(tc)}",
+                400,
+                param="tool_choice",
+            )
+        if self.tools or tc in (None, "none", "auto"):
+            return self
+        if isinstance(tc, dict):
+            fn = tc.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            what = f"naming function {json_text(name)}" if isinstance(name, str) else json_text(tc)
+        else:
+            what = "'required'"
+        raise OpenAIError(f"tool_choice {what} needs tools", 400, param="tool_choice")
 
     def max_new_tokens(self) -> int | None:
         return (

@@ -14,7 +14,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from sglang.srt.entrypoints.openai.serving_base import check_model, guard_client_gone
+from sglang.srt.entrypoints.openai.serving_base import (
+    check_model,
+    guard_client_gone,
+    warn_ignored_fields,
+)
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.server_args import ServerArgs
@@ -31,10 +35,12 @@ def add_openai_routes(app: FastAPI, tm: Any, server_args: ServerArgs) -> None:
 
     @app.post("/v1/completions")
     async def v1_completions(req: CompletionRequest, raw: Request) -> Any:
+        warn_ignored_fields(req, "/v1/completions")
         return await guard_client_gone(completions.handle(req, raw))
 
     @app.post("/v1/chat/completions")
     async def v1_chat_completions(req: ChatCompletionRequest, raw: Request) -> Any:
+        warn_ignored_fields(req, "/v1/chat/completions")
         return await guard_client_gone(chat.handle(req, raw))
 
     def model_card() -> dict:

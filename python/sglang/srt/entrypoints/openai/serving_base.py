@@ -13,6 +13,7 @@ finish reasons.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,6 +33,8 @@ from sglang.srt.managers.request_validation import (
     check_max_new_tokens,
     check_prompt_fits,
 )
+
+logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25
 
@@ -203,6 +206,19 @@ async def sse_frames(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
 
 
 # ---- shared OpenAI helpers -------------------------------------------------------------------
+def warn_ignored_fields(req: SamplingFields, route: str) -> None:
+    """Log one warning naming the top-level fields of `req` that its model does not declare
+    (pydantic keeps them in model_extra) and so nothing reads. They are not refused: clients
+    written for upstream SGLang send its extra_body fields. Names are quoted (repr), so a name
+    holding a newline cannot forge a log line."""
+    if req.model_extra:
+        logger.warning(
+            "%s: ignored request fields (this server does not read them): %s",
+            route,
+            ", ".join(map(repr, sorted(req.model_extra))),
+        )
+
+
 def check_model(tm: Any, model: str) -> None:
     """404 unless `model` is the served model name, the model path, or "default"."""
     known = {tm.served_model_name, tm.server_args.model_path, "default"}

@@ -56,8 +56,6 @@ class OpenAIServingCompletion:
 
     async def handle(self, req: CompletionRequest, raw: Request) -> Any:
         check_model(self.tm, req.model)
-        if req.best_of not in (None, 1) and req.best_of != req.n:
-            raise OpenAIError("best_of other than n is not supported yet", param="best_of")
         if req.suffix:
             raise OpenAIError("suffix (insertion) is not supported", param="suffix")
         prompts = req.prompt
