@@ -402,9 +402,14 @@ def test_sigterm_stops_every_process(tiny_model_dir):
     family = [main, *main.children(recursive=True)]
     assert len(family) >= 2  # the server and at least the scheduler
     # a client is mid-stream while the server is told to stop
-    stream = threading.Thread(target=lambda: _drain_quietly(srv), daemon=True)
+    events: list = []
+    stream = threading.Thread(target=lambda: _stream_until_cut(srv, events), daemon=True)
     stream.start()
-    time.sleep(0.5)
+    deadline = time.time() + 30
+    while len(events) < 3 and time.time() < deadline:  # the stream is under way
+        time.sleep(0.05)
+    assert len(events) >= 3
+    log_before = srv.log_text()
     start = time.time()
     srv.proc.send_signal(signal.SIGTERM)
     srv.proc.wait(10)
@@ -414,6 +419,17 @@ def test_sigterm_stops_every_process(tiny_model_dir):
     _, alive = psutil.wait_procs(family, timeout=max(0.1, 10.0 - gone_at))
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [] and gone_at < 10.0
+    # the stream was ended, not cut: its last chunk says abort (why), then [DONE]
+    stream.join(10)
+    assert events[-1] == "[DONE]", events[-3:]
+    reason = events[-2]["meta_info"]["finish_reason"]
+    assert reason == {"type": "abort", "message": "the server is shutting down"}, [
+        (e if e == "[DONE]" else (e["meta_info"]["finish_reason"], len(e["output_ids"])))
+        for e in events[-4:]
+    ]
+    log = srv.log_text()[len(log_before) :]
+    assert "ended 1 request(s) in flight" in log
+    assert "graceful shutdown exceeded" not in log and "Traceback" not in log
     os.unlink(srv.log.name)
 
 
@@ -434,11 +450,12 @@ def test_engine_shutdown_is_clean(tiny_model_dir):
     assert "leaked semaphore" not in out.stderr and "Traceback" not in out.stderr
 
 
-def _drain_quietly(srv: ServerProcess) -> None:
+def _stream_until_cut(srv: ServerProcess, events: list) -> None:
+    """Stream a long /generate into `events` (sse_events' form) until the server ends it."""
+    body = {"text": "Go on forever", "stream": True, "sampling_params": greedy(2000)}
     try:
-        body = {"text": "Go on forever", "stream": True, "sampling_params": greedy(2000)}
         with requests.post(srv.base_url + "/generate", json=body, stream=True, timeout=30) as r:
-            for _ in r.iter_lines():
-                pass
+            for line in r.iter_lines():
+                events.extend(sse_events(r, [line]))
     except requests.RequestException:
         pass

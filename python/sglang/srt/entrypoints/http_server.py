@@ -294,7 +294,8 @@ def launch_server(
         tm, children = launch_fn(server_args)
         sa = getattr(tm, "server_args", server_args)
         app = create_app(tm, sa)
-        server = uvicorn.Server(
+        server = _Server(
+            tm,
             uvicorn.Config(
                 app,
                 host=sa.host,
@@ -304,7 +305,7 @@ def launch_server(
                 access_log=False,
                 timeout_keep_alive=5,
                 timeout_graceful_shutdown=2,
-            )
+            ),
         )
         threading.Thread(
             target=_warmup, args=(sa, server, warmup_failed), daemon=True, name="warmup"
@@ -314,6 +315,27 @@ def launch_server(
         stop_processes(children)
     if warmup_failed.is_set():
         raise RuntimeError("the warm-up request failed; see the log above")
+
+
+SHUTDOWN_MESSAGE = "the server is shutting down"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that, as it begins to stop (SIGINT or SIGTERM), first ends every request
+    in flight with finish_reason abort (TokenizerManager.finish_all_local): open streams then
+    send their last chunk and [DONE] within uvicorn's graceful-shutdown wait, instead of being
+    cut off when it times out and cancels them with a traceback."""
+
+    def __init__(self, tm: Any, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.tm = tm
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        finish = getattr(self.tm, "finish_all_local", None)
+        ended = finish(SHUTDOWN_MESSAGE) if finish is not None else 0
+        if ended:
+            logger.info("shutting down: ended %d request(s) in flight (finish_reason abort)", ended)
+        await super().shutdown(sockets)
 
 
 def _raise_on_sigterm() -> None:

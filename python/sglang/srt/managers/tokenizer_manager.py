@@ -409,6 +409,29 @@ class TokenizerManager:
             self.abort_request(rid)
         return len(rids)
 
+    def finish_all_local(self, message: str) -> int:
+        """End every request in flight on this side alone, without waiting for the scheduler:
+        each finishes with finish_reason {"type": "abort", "message": message} and its waiter
+        wakes, so a stream sends its last chunk (and [DONE]) and a non-streamed request gets
+        what it has received (nothing: the scheduler sends it its output at the end). Abandoned
+        requests (their client left) are dropped. For shutdown: the
+        HTTP server calls it when uvicorn begins to stop, before the scheduler is stopped (which
+        frees the KV with the process). Returns how many requests were ended."""
+        now = time.perf_counter()
+        ended = 0
+        for rid, state in list(self.rid_to_state.items()):
+            if state.finished:
+                continue
+            if state.abandoned:
+                del self.rid_to_state[rid]
+                continue
+            state.finished = True
+            state.meta["finish_reason"] = {"type": "abort", "message": message}
+            self._observe_finished(state, now)
+            state.event.set()
+            ended += 1
+        return ended
+
     async def flush_cache(self) -> bool:
         out: FlushCacheReqOutput = await self._ask(FlushCacheReq(), FlushCacheReqOutput)
         return out.success

@@ -64,6 +64,8 @@ def handle_batch_out(
             if msg.finished_reason[i] is not None:
                 del rid_to_state[rid]  # the rid may be used again
             continue
+        if state.finished:  # ended on this side (finish_all_local, at shutdown): its final
+            continue  # output is out or on its way; a later one must not overwrite it
         if msg.output_ids_delta[i]:
             if state.first_token_time is None:
                 # The scheduler's stamp: a non-streamed request's first delivery is its
