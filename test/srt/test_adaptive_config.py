@@ -56,7 +56,7 @@ def test_config_parsing_and_validation(tmp_path):
         ('{"initial_accept": NaN}', "initial_accept", "NaN"),
         ('{"prior_strength": Infinity}', "prior_strength", "Infinity"),
         ('{"server_prior_count": -Infinity}', "server_prior_count", "-Infinity"),
-        ('{"time_model": {"const": Infinity}}', "time_model.const", "Infinity"),  # hi is inf
+        ('{"time_model": {"const": Infinity}}', "time_model.const", "Infinity"),
         ('{"time_model": {"const": 1e999}}', "time_model.const", "Infinity"),  # overflows
         pytest.param(
             '{"time_model": {"const": 1' + "0" * 400 + "}}",
@@ -79,6 +79,44 @@ def test_config_rejects_non_finite_numbers(text, key, shown):
     )
     with pytest.raises(ValueError, match=msg):
         resolve_speculative_args(a, bundled=False)
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        # found by a new user's review: each of these used to start, or fail without the flag
+        ("[" * 100_000, r"invalid JSON \(maximum recursion depth"),  # was a traceback
+        ('{"probe_every": 1' + "0" * 5000 + "}", r"invalid JSON \(Exceeds the limit"),
+        ('{"fixed_k": 5, "fixed_k": 1}', r"key 'fixed_k' appears more than once"),
+        ('{"tiers": {"8": 3, "08": 0}}', r"'tiers' key '08' is not an integer batch size"),
+        ('{"tiers": {" 8 ": 3}}', r"'tiers' key ' 8 ' is not an integer batch size"),
+        ('{"tiers": {"+1": 3}}', r"'tiers' key '\+1' is not an integer batch size"),
+        ('{"policy": "fixd"}', r"'policy' must be one of .*, got \"fixd\"$"),
+        (
+            '{"time_model": {"draft_steps": 1e308}}',
+            r"'time_model.draft_steps' must be in \[0.0, 10.0\]",
+        ),
+        ('{"time_model": {"const": 0}}', r"'time_model.const' must be in \(0.0, 10.0\], got 0$"),
+    ],
+)
+def test_config_refuses_what_review_found(text, error):
+    with pytest.raises(ValueError, match="--speculative-adaptive-config: " + error):
+        parse_adaptive_config(text)
+
+
+def test_config_file_encodings(tmp_path):
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"policy": "fixed", "fixed_k": 1}')
+    assert parse_adaptive_config(str(bom)).fixed_k == 1  # a byte-order mark is fine
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b'\xff\xfe{"policy": 1}')
+    msg = r"--speculative-adaptive-config: cannot read .*binary.json' as UTF-8 text"
+    with pytest.raises(ValueError, match=msg):
+        parse_adaptive_config(str(binary))
+    assert parse_adaptive_config('{"time_model": {"const": 10, "bs": 0}}').time_model == {
+        "const": 10.0,
+        "bs": 0.0,
+    }
 
 
 def test_server_args_validation():

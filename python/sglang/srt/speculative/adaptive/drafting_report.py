@@ -7,6 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def bs_bucket_name(key: int) -> str:
+    """Name of the batch-size bucket key = bs.bit_length(): "1", "2-3", "4-7", ... (the same in
+    spec_drafting_by_bs and spec_guard_blocked_bs)."""
+    lo, hi = 1 << (key - 1), (1 << key) - 1
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 class DraftingReport:
     """Drafting steps counted per batch-size bucket (bs.bit_length(): '1', '2-3', '4-7', ...)."""
 
@@ -37,9 +44,7 @@ class DraftingReport:
         out = {}
         for key in sorted(self._by_bs):
             steps, reqs, tokens, pred, meas = self._by_bs[key]
-            lo, hi = 1 << (key - 1), (1 << key) - 1
-            name = str(lo) if lo == hi else f"{lo}-{hi}"
-            out[name] = {
+            out[bs_bucket_name(key)] = {
                 "steps": steps,
                 "request_steps": reqs,
                 "tokens": tokens,

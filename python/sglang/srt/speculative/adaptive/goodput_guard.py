@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from sglang.srt.speculative.adaptive.drafting_report import bs_bucket_name
+
 logger = logging.getLogger(__name__)
 
 EMA = 0.1  # weight of a new plain step in the plain tokens and seconds
@@ -211,5 +213,5 @@ class GoodputGuard:
         blocked = sorted(k for k, b in self.buckets.items() if self.now < b.blocked_until)
         return {
             "spec_guard_trips": self.num_trips,
-            "spec_guard_blocked_bs": [f"{1 << (k - 1)}-{(1 << k) - 1}" for k in blocked],
+            "spec_guard_blocked_bs": [bs_bucket_name(k) for k in blocked],
         }

@@ -107,6 +107,9 @@ def _js(v: Any) -> str:
     return json.dumps(v)
 
 
+MAX_COEF_S = 10.0  # upper bound of a configured time_model coefficient (seconds per unit)
+
+
 def _err(msg: str) -> ValueError:
     return ValueError(f"{FLAG}: {msg}")
 
@@ -147,11 +150,10 @@ def _tiers(v: Any) -> dict[int, int]:
         )
     out = {}
     for k, d in v.items():
-        try:
-            bs = int(k)
-        except ValueError:
-            raise _err(f"'tiers' key {k!r} is not an integer batch size") from None
-        out[_int("tiers key", bs, 1)] = _int(f"tiers[{k!r}]", d, 0)
+        # canonical decimal keys only: "08" or " 8" would silently merge with "8"
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and k == str(int(k))):
+            raise _err(f"'tiers' key {k!r} is not an integer batch size (like \"8\")")
+        out[_int("tiers key", int(k), 1)] = _int(f"tiers[{k!r}]", d, 0)
     return out
 
 
@@ -161,7 +163,13 @@ def _time_model(v: Any) -> dict[str, float]:
     unknown = sorted(set(v) - set(FEATURES))
     if unknown:
         raise _err(f"unknown 'time_model' keys {unknown}; known: {list(FEATURES)}")
-    return {k: _number(f"time_model.{k}", c, 0.0, float("inf")) for k, c in v.items()}
+    # Seconds per unit. A step of more than MAX_COEF_S per unit is no model of any server (and
+    # huge values overflow the fit's scaled arithmetic into NaN); `const` > 0 keeps every
+    # predicted step time positive (the policy divides tokens by it).
+    return {
+        k: _number(f"time_model.{k}", c, 0.0, MAX_COEF_S, lo_open=(k == "const"))
+        for k, c in v.items()
+    }
 
 
 def _batch_sizes(v: Any) -> tuple[int, ...]:
@@ -171,7 +179,9 @@ def _batch_sizes(v: Any) -> tuple[int, ...]:
 
 
 _CHECKS = {
-    "policy": lambda v: v if v in POLICIES else _raise(f"'policy' must be one of {POLICIES}"),
+    "policy": lambda v: (
+        v if v in POLICIES else _raise(f"'policy' must be one of {POLICIES}, got {_js(v)}")
+    ),
     "fixed_k": lambda v: _int("fixed_k", v, 0),
     "tiers": _tiers,
     "hysteresis": lambda v: _number("hysteresis", v, 0.0, 1.0),
@@ -210,11 +220,26 @@ def _raise(msg: str) -> Any:
     raise _err(msg)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads object_pairs_hook: a key given twice is refused (json keeps the last one)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"key {k!r} appears more than once in one object")
+        out[k] = v
+    return out
+
+
 def parse_adaptive_config(value: str | None) -> AdaptiveConfig:
     """Parse --speculative-adaptive-config (inline JSON, or a path to a JSON file; None gives
     the defaults; so does "{}"). Raises ValueError naming the flag on an empty or blank value
     (e.g. an unset shell variable: the defaults were probably not what was meant), unreadable
-    files, bad JSON, unknown keys or out-of-range values."""
+    files (or not UTF-8), bad JSON (too deeply nested included), a key given twice in one
+    object, unknown keys or out-of-range values."""
     if value is None:
         return AdaptiveConfig()
     if not value.strip():
@@ -226,11 +251,16 @@ def parse_adaptive_config(value: str | None) -> AdaptiveConfig:
     if not value.lstrip().startswith(("{", "[")):
         if not os.path.isfile(value):
             raise _err(f"not a JSON object and not an existing file: {value!r}")
-        with open(value, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(value, encoding="utf-8-sig") as f:  # a byte-order mark is fine
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _err(f"cannot read {value!r} as UTF-8 text ({e})") from None
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
+        raw = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise _err(str(e)) from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, int digit limit, deep nesting
         raise _err(f"invalid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise _err(f"must be a JSON object, got {type(raw).__name__}")
