@@ -62,8 +62,25 @@ def test_requested_tokens_beyond_the_memory_are_capped_with_a_warning(fake_gpu, 
 def test_no_room_is_an_error_that_names_the_flags(fake_gpu):
     with pytest.raises(RuntimeError, match="--mem-fraction-static 0.2 leaves room for 0"):
         runner("cuda", 1000, 0.2).profile_max_num_tokens()
+    # a fit under 128 slots still serves a request that fits in it
+    tiny = int((63 * GIB - 80 * GIB * (1 - 0.2126)) // per_token())
+    assert 0 < tiny < 128
+    assert runner("cuda", tiny, 0.2126).profile_max_num_tokens() == tiny
+    with pytest.raises(RuntimeError, match=f"leaves room for {tiny} tokens"):
+        runner("cuda", None, 0.2126).profile_max_num_tokens()
+
+
+def test_the_test_suites_default_is_taken_as_given(fake_gpu, monkeypatch):
+    """SGLANG_MAX_TOTAL_TOKENS_DEFAULT lets many engines share one GPU: the fraction of the
+    whole card says nothing there, so it is not capped (it would be: 0.2 leaves room for 0)."""
+    monkeypatch.setenv("SGLANG_MAX_TOTAL_TOKENS_DEFAULT", "65536")
+    assert runner("cuda", None, 0.2).profile_max_num_tokens() == 65536
+    assert runner("cpu", None).profile_max_num_tokens() == 65536
+    assert runner("cuda", 1000).profile_max_num_tokens() == 1000  # the flag wins
 
 
 def test_cpu_takes_the_request_as_given(monkeypatch):
     monkeypatch.delenv("SGLANG_MAX_TOTAL_TOKENS_DEFAULT", raising=False)
     assert runner("cpu", 123_456).profile_max_num_tokens() == 123_456
+    # unset: what fits in 1 GiB, at most 65536 (128 KiB a token here: 8192)
+    assert runner("cpu", None).profile_max_num_tokens() == 8192

@@ -90,11 +90,14 @@ class ModelRunner:
         logger.info("Model loaded in %.1f s (dtype %s)", time.perf_counter() - t0, self.dtype)
 
     def profile_max_num_tokens(self) -> int:
-        """KV slots of the token pool (int, tokens). --max-total-tokens when given, capped on
-        CUDA at what fits in --mem-fraction-static of the GPU after the weights (upstream
-        caps it the same way and warns); else that fit on CUDA, SGLANG_MAX_TOTAL_TOKENS_DEFAULT
-        (the test suite sharing one GPU), or the CPU default. Each slot holds the target's KV
-        of every layer and, when speculating, the hidden state the draft reads.
+        """KV slots of the token pool (int, tokens): --max-total-tokens when given, capped on
+        CUDA at what fits in --mem-fraction-static of the GPU after the weights (upstream caps
+        it the same way and warns); else SGLANG_MAX_TOTAL_TOKENS_DEFAULT as given (the test
+        suite: many engines share one GPU, so the fraction of the whole card means nothing);
+        else that fit on CUDA, or the CPU default. A slot holds the target's KV of every layer
+        and, when speculating, the hidden state the draft reads; the draft's own KV pool (one
+        layer per slot for EAGLE-3) and weights come out of the 1 - --mem-fraction-static
+        reserve, with the CUDA graphs and activations.
 
         Raises RuntimeError when the GPU cannot hold 128 slots and no smaller
         --max-total-tokens was asked for."""
@@ -104,7 +107,7 @@ class ModelRunner:
         ) + HiddenStatePool.bytes_per_token(self.hidden_width, self.dtype)
         requested = self.server_args.max_total_tokens
         if requested is None and env_flag("MAX_TOTAL_TOKENS_DEFAULT"):
-            requested = int(env_flag("MAX_TOTAL_TOKENS_DEFAULT"))
+            return int(env_flag("MAX_TOTAL_TOKENS_DEFAULT"))
         if self.device.type != "cuda":
             if requested is not None:
                 return requested
