@@ -322,9 +322,10 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 
 class _Server(uvicorn.Server):
     """uvicorn.Server that, as it begins to stop (SIGINT or SIGTERM), first ends every request
-    in flight with finish_reason abort (TokenizerManager.finish_all_local): open streams then
-    send their last chunk and [DONE] within uvicorn's graceful-shutdown wait, instead of being
-    cut off when it times out and cancels them with a traceback."""
+    in flight (TokenizerManager.finish_all_local): open streams then send their last chunk,
+    finish_reason abort, and [DONE] within uvicorn's graceful-shutdown wait, instead of being
+    cut off when it times out and cancels them with a traceback; requests with nothing sent
+    yet, and new ones, get a 503 their clients can retry."""
 
     def __init__(self, tm: Any, config: uvicorn.Config) -> None:
         super().__init__(config)
@@ -334,7 +335,11 @@ class _Server(uvicorn.Server):
         finish = getattr(self.tm, "finish_all_local", None)
         ended = finish(SHUTDOWN_MESSAGE) if finish is not None else 0
         if ended:
-            logger.info("shutting down: ended %d request(s) in flight (finish_reason abort)", ended)
+            logger.info(
+                "shutting down: ended %d request(s) in flight (a stream under way ends with "
+                "finish_reason abort, the others get a 503)",
+                ended,
+            )
         await super().shutdown(sockets)
 
 
@@ -374,11 +379,14 @@ def _warmup(sa: ServerArgs, server: uvicorn.Server, failed: threading.Event) -> 
             r = requests.post(url + "/generate", json=body, headers=headers, timeout=600)
             r.raise_for_status()
         except Exception as e:  # noqa: BLE001
+            if server.should_exit:  # stopped during the warm-up (SIGINT/SIGTERM): no failure
+                return
             logger.error("warm-up request failed: %r", e)
             failed.set()
             server.should_exit = True
             return
-    logger.info("%s URL: %s", READY_MESSAGE, url)
+    if not server.should_exit:
+        logger.info("%s URL: %s", READY_MESSAGE, url)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -61,6 +61,17 @@ _PER_PROMPT_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", 
 class QueueFullError(RuntimeError):
     """Raised when --max-queued-requests requests are already waiting (HTTP 503)."""
 
+    code = "queue_full"
+
+
+class ServerClosingError(RuntimeError):
+    """Raised for a request this server will not finish because it is stopping (HTTP 503,
+    code server_shutting_down; the client may retry elsewhere or later): one that arrives
+    after shutdown began, or one in flight that had nothing streamed yet (a non-streamed
+    request gets its output only at its end, which it will not reach)."""
+
+    code = "server_shutting_down"
+
 
 def choice_rid(rid: str, k: int) -> str:
     """The request id of choice k of a request with n > 1 (each choice is its own request)."""
@@ -75,6 +86,9 @@ def response_rid(first_rid: str, n: int) -> str:
 
 
 class TokenizerManager:
+    # finish_all_local's message once it ran: the server is stopping, new requests get a 503
+    closing: str | None = None
+
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, port_args) -> None:
         self.server_args = server_args
         self.model_config = model_config
@@ -159,6 +173,8 @@ class TokenizerManager:
         for rid in named:  # before any is sent: a refused batch leaves nothing behind
             if rid in self.rid_to_state or rid in self.rid_groups:
                 raise ValueError(f"'rid' {rid!r} is already in flight (duplicate request id)")
+        if self.closing:
+            raise ServerClosingError(self.closing)
         self._check_queue(len(tokenized))
         for o, t in zip(singles, tokenized, strict=True):
             self._submit(t, text_in_logprobs=bool(o.return_text_in_logprobs))
@@ -334,6 +350,7 @@ class TokenizerManager:
 
     async def _wait_one(self, rid: str, stream: bool) -> AsyncIterator[dict]:
         state = self.rid_to_state[rid]
+        yielded = False
         while True:
             await state.event.wait()
             state.event.clear()
@@ -341,11 +358,14 @@ class TokenizerManager:
             # at the yield below; its final output must then still be yielded (the event is
             # set again, so the next iteration does), not dropped by a re-read after it.
             finished = state.finished
+            if finished and state.closed and not yielded:  # finish_all_local, nothing sent
+                raise ServerClosingError(state.meta["finish_reason"]["message"])
             if stream or finished:
                 out = self._output(state)
                 reason = out["meta_info"].get("finish_reason") or {}
                 if finished and reason.get("status_code") == 503:  # the scheduler's full queue
                     raise QueueFullError(reason.get("message", ""))
+                yielded = True
                 yield out
             if finished:
                 return
@@ -359,10 +379,14 @@ class TokenizerManager:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, rid: str) -> None:
-            async for out in self._wait_one(rid, stream=True):
-                out["meta_info"]["index"] = i
-                out["index"] = i
-                await queue.put(out)
+            try:
+                async for out in self._wait_one(rid, stream=True):
+                    out["meta_info"]["index"] = i
+                    out["index"] = i
+                    await queue.put(out)
+            except Exception as e:  # noqa: BLE001 - raised by the consumer below
+                await queue.put(e)  # (a choice refused with a 503 would else hang the stream)
+                return
             await queue.put(None)
 
         tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(rids)]
@@ -372,6 +396,8 @@ class TokenizerManager:
                 item = await queue.get()
                 if item is None:
                     remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
                 else:
                     yield item
         finally:
@@ -412,11 +438,14 @@ class TokenizerManager:
     def finish_all_local(self, message: str) -> int:
         """End every request in flight on this side alone, without waiting for the scheduler:
         each finishes with finish_reason {"type": "abort", "message": message} and its waiter
-        wakes, so a stream sends its last chunk (and [DONE]) and a non-streamed request gets
-        what it has received (nothing: the scheduler sends it its output at the end). Abandoned
-        requests (their client left) are dropped. For shutdown: the
-        HTTP server calls it when uvicorn begins to stop, before the scheduler is stopped (which
-        frees the KV with the process). Returns how many requests were ended."""
+        wakes: a stream that has sent something sends its last chunk (and [DONE]); a request
+        with nothing sent yet, which is every non-streamed one (the scheduler sends its output
+        at the end), fails with ServerClosingError (HTTP 503, so its client can retry). Requests
+        that arrive afterwards get the same 503. Abandoned requests (their client left) are
+        dropped. For shutdown: the HTTP server calls it when uvicorn begins to stop, before the
+        scheduler is stopped (which frees the KV with the process). Returns how many requests
+        were ended."""
+        self.closing = message  # from now on generate_request refuses with a 503
         now = time.perf_counter()
         ended = 0
         for rid, state in list(self.rid_to_state.items()):
@@ -425,7 +454,7 @@ class TokenizerManager:
             if state.abandoned:
                 del self.rid_to_state[rid]
                 continue
-            state.finished = True
+            state.finished = state.closed = True
             state.meta["finish_reason"] = {"type": "abort", "message": message}
             self._observe_finished(state, now)
             state.event.set()

@@ -21,7 +21,7 @@ class ReqState:
     """Tokenizer-side state of one request (main process only). Created by
     TokenizerManager._submit (rid, prompt_tokens, return_logprob, created, text_in_logprobs);
     the output fields are set by handle_batch_out, `abandoned` by TokenizerManager.generate_request
-    when the client leaves."""
+    when the client leaves, `closed` by TokenizerManager.finish_all_local."""
 
     rid: str
     prompt_tokens: int
@@ -35,6 +35,8 @@ class ReqState:
     # the client left before the end: the rid stays taken (a reuse is refused) until the
     # scheduler's final output for it arrives, so that no later request gets this one's outputs
     abandoned: bool = False
+    # ended by TokenizerManager.finish_all_local (shutdown), not by the scheduler
+    closed: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     first_token_time: float | None = None  # the scheduler's perf_counter() stamp
     last_token_time: float | None = None  # arrival of the latest output (ITL gaps)

@@ -87,13 +87,14 @@ def from_engine_exception(
 
     ValueError (invalid input; its message names the parameter) -> 400, an output budget beyond
     the context naming `max_tokens_field` (the route's name for max_new_tokens);
-    QueueFullError (tokenizer_manager.py, matched by name to avoid an import cycle) -> 503.
+    QueueFullError and ServerClosingError (tokenizer_manager.py, matched by name to avoid an
+    import cycle) -> 503 with their `code`.
     Anything else is re-raised by the caller as a 500.
     """
     if isinstance(e, OpenAIError):
         return e
-    if type(e).__name__ == "QueueFullError":
-        return OpenAIError(str(e) or "the request queue is full", 503, code="queue_full")
+    if type(e).__name__ in ("QueueFullError", "ServerClosingError"):
+        return OpenAIError(str(e) or "the request queue is full", 503, code=e.code)
     if isinstance(e, MaxTokensError):
         e = e.for_field(max_tokens_field)
     if isinstance(e, ContextLengthError):

@@ -201,7 +201,11 @@ async def sse_frames(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     except OpenAIError as e:
         yield sse(error_body(e.message, e.status, e.param, e.code))
     except (ValueError, RuntimeError) as e:
-        yield sse(error_body(str(e), 500))
+        if type(e).__name__ in ("QueueFullError", "ServerClosingError"):  # a choice refused
+            err = from_engine_exception(e, "max_tokens")
+            yield sse(error_body(err.message, err.status, err.param, err.code))
+        else:
+            yield sse(error_body(str(e), 500))
     yield SSE_DONE
 
 
