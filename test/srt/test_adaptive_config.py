@@ -96,7 +96,12 @@ def test_config_rejects_non_finite_numbers(text, key, shown):
             '{"time_model": {"draft_steps": 1e308}}',
             r"'time_model.draft_steps' must be in \[0.0, 10.0\]",
         ),
-        ('{"time_model": {"const": 0}}', r"'time_model.const' must be in \(0.0, 10.0\], got 0$"),
+        ('{"time_model": {"const": 0}}', r"'time_model.const' must be in \[1e-06, 10.0\], got 0$"),
+        (
+            '{"time_model": {"const": 1e-320}}',
+            r"'time_model.const' must be in \[1e-06, 10.0\], got 1e-320$",
+        ),
+        ('{"tiers": {"1' + "0" * 5000 + '": 1}}', r"'tiers' key '1000.*' is not an integer"),
     ],
 )
 def test_config_refuses_what_review_found(text, error):

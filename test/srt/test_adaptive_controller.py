@@ -539,6 +539,14 @@ def test_guard_buckets_batch_sizes_and_config():
     for _ in range(4):
         g.observe(128, True, 300, 2e-3)  # now faster than plain
     assert not g.blocks(128) and g.buckets[8].backoff == 0 and g.num_trips == 2
+    # batch size 1 is its own bucket, named as spec_drafting_by_bs names it ('1', not '1-1')
+    one = GoodputGuard(margin=0.03, min_steps=4, backoff=10, backoff_max=25)
+    for _ in range(2):
+        one.observe(1, False, 1, 1e-3)
+    for _ in range(4):
+        one.observe(1, True, 1, 2e-3)
+    assert one.blocks(1) and not one.blocks(2)
+    assert one.info()["spec_guard_blocked_bs"] == ["1"]
     assert parse_adaptive_config('{"guard": false}').guard is False
     with pytest.raises(ValueError, match=r"'guard_margin' must be in \[0.0, 0.99\], got 1$"):
         parse_adaptive_config('{"guard_margin": 1}')

@@ -16,6 +16,7 @@ from test_http_server import ServerProcess
 from transformers import AutoTokenizer
 
 from sglang.srt.entrypoints.http_server import create_app
+from sglang.srt.entrypoints.openai import serving_base
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 PARTS = [{"type": "text", "text": "Name "}, {"type": "text", "text": "a colour."}]
@@ -367,6 +368,7 @@ def test_tool_choice_without_forcing_and_best_of_equal_to_n_are_served(app, path
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_unknown_fields_are_served_with_one_warning_naming_them(app, path, caplog):
+    serving_base._warned_ignored.clear()  # the once-per-set memory of earlier tests
     base = CHAT_BODY if path.endswith("chat/completions") else COMP_BODY
     extras = {"lora_path": None, "zz_custom": 1}
     known = {"top_k": 5, "min_p": 0.1, "ignore_eos": True, "stop_token_ids": [2], "rid": "r1"}
@@ -381,6 +383,28 @@ def test_unknown_fields_are_served_with_one_warning_naming_them(app, path, caplo
     with caplog.at_level(logging.WARNING):  # only declared fields: no warning
         status, _ = _post(app, path, {**base, **known})
     assert status == 200 and caplog.records == []
+
+
+def test_repeated_or_many_unknown_fields_do_not_flood_the_log(app, caplog):
+    serving_base._warned_ignored.clear()
+    many = {f"x{i:02d}": i for i in range(15)} | {"y" * 100: 0}
+    with caplog.at_level(logging.DEBUG, logger=serving_base.logger.name):
+        for _ in range(3):
+            status, _ = _post(app, "/v1/completions", {**COMP_BODY, **many})
+            assert status == 200
+    records = [r for r in caplog.records if "ignored request fields" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    names = ", ".join(repr(f"x{i:02d}") for i in range(10))
+    assert records[0].getMessage() == (
+        "/v1/completions: ignored request fields (this server does not read them): "
+        f"{names} and 6 more"
+    )
+    with caplog.at_level(logging.DEBUG, logger=serving_base.logger.name):
+        caplog.clear()
+        status, _ = _post(app, "/v1/completions", {**COMP_BODY, "y" * 100: 0})
+    (record,) = [r for r in caplog.records if "ignored request fields" in r.getMessage()]
+    assert record.levelno == logging.WARNING  # another set of names warns again
+    assert record.getMessage().endswith(repr("y" * 64))  # a long name is cut
 
 
 def test_unknown_field_warning_reaches_the_server_log(server, client):

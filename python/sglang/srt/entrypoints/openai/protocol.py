@@ -345,8 +345,9 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _forced_tool_needs_tools(self) -> ChatCompletionRequest:
-        """tool_choice "required" or a named function forces a tool call, which needs tools
-        (OpenAI's rule); "none" and "auto" need none. Another string is refused, as OpenAI."""
+        """tool_choice "required" or a named function forces a tool call, which needs tools;
+        "none" and "auto" without tools are accepted (this server's choice, as vLLM's: OpenAI
+        may refuse any tool_choice without tools). Another string is refused."""
         tc = self.tool_choice
         if isinstance(tc, str) and tc not in ("none", "auto", "required"):
             raise OpenAIError(

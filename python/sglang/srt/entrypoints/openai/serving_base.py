@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -210,17 +211,38 @@ async def sse_frames(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
 
 
 # ---- shared OpenAI helpers -------------------------------------------------------------------
-def warn_ignored_fields(req: SamplingFields, route: str) -> None:
-    """Log one warning naming the top-level fields of `req` that its model does not declare
+IGNORED_NAMES_SHOWN = 10  # names listed per warning (the rest are counted)
+IGNORED_NAME_CHARS = 64  # a longer name is cut
+_warned_ignored: OrderedDict[tuple[str, frozenset], None] = OrderedDict()  # LRU of warned sets
+
+
+def warn_ignored_fields(req: SamplingFields, route: str, remember: int = 256) -> None:
+    """Log a warning naming the top-level fields of `req` that its model does not declare
     (pydantic keeps them in model_extra) and so nothing reads. They are not refused: clients
-    written for upstream SGLang send its extra_body fields. Names are quoted (repr), so a name
-    holding a newline cannot forge a log line."""
-    if req.model_extra:
-        logger.warning(
-            "%s: ignored request fields (this server does not read them): %s",
-            route,
-            ", ".join(map(repr, sorted(req.model_extra))),
-        )
+    written for upstream SGLang send its extra_body fields. Each (route, set of names) warns
+    once while it is among the last `remember` sets seen, later at debug level, so a client
+    that always sends the same extras does not fill the log; a warning lists at most
+    IGNORED_NAMES_SHOWN names, each quoted (repr: a newline cannot forge a log line) and cut
+    to IGNORED_NAME_CHARS characters."""
+    extra = req.model_extra
+    if not extra:
+        return
+    key = (route, frozenset(extra))
+    seen = key in _warned_ignored
+    _warned_ignored[key] = None
+    _warned_ignored.move_to_end(key)
+    while len(_warned_ignored) > remember:
+        _warned_ignored.popitem(last=False)
+    names = sorted(extra)
+    shown = ", ".join(repr(n[:IGNORED_NAME_CHARS]) for n in names[:IGNORED_NAMES_SHOWN])
+    more = len(names) - IGNORED_NAMES_SHOWN
+    logger.log(
+        logging.DEBUG if seen else logging.WARNING,
+        "%s: ignored request fields (this server does not read them): %s%s",
+        route,
+        shown,
+        f" and {more} more" if more > 0 else "",
+    )
 
 
 def check_model(tm: Any, model: str) -> None:

@@ -108,6 +108,7 @@ def _js(v: Any) -> str:
 
 
 MAX_COEF_S = 10.0  # upper bound of a configured time_model coefficient (seconds per unit)
+MIN_CONST_S = 1e-6  # lower bound of a configured time_model const (seconds per step)
 
 
 def _err(msg: str) -> ValueError:
@@ -150,8 +151,10 @@ def _tiers(v: Any) -> dict[int, int]:
         )
     out = {}
     for k, d in v.items():
-        # canonical decimal keys only: "08" or " 8" would silently merge with "8"
-        if not (isinstance(k, str) and k.isascii() and k.isdigit() and k == str(int(k))):
+        # canonical decimal keys only: "08" or " 8" would silently merge with "8"; at most 9
+        # digits, so int() never meets Python's digit limit
+        digits = isinstance(k, str) and 0 < len(k) <= 9 and k.isascii() and k.isdigit()
+        if not digits or k != str(int(k)):
             raise _err(f"'tiers' key {k!r} is not an integer batch size (like \"8\")")
         out[_int("tiers key", int(k), 1)] = _int(f"tiers[{k!r}]", d, 0)
     return out
@@ -164,12 +167,14 @@ def _time_model(v: Any) -> dict[str, float]:
     if unknown:
         raise _err(f"unknown 'time_model' keys {unknown}; known: {list(FEATURES)}")
     # Seconds per unit. A step of more than MAX_COEF_S per unit is no model of any server (and
-    # huge values overflow the fit's scaled arithmetic into NaN); `const` > 0 keeps every
-    # predicted step time positive (the policy divides tokens by it).
-    return {
-        k: _number(f"time_model.{k}", c, 0.0, MAX_COEF_S, lo_open=(k == "const"))
-        for k, c in v.items()
-    }
+    # huge values overflow the fit's scaled arithmetic into NaN); `const` >= MIN_CONST_S keeps
+    # every predicted step time positive and finite rates (the policy divides tokens by it).
+    out = {k: _number(f"time_model.{k}", c, 0.0, MAX_COEF_S) for k, c in v.items()}
+    if "const" in out and out["const"] < MIN_CONST_S:
+        raise _err(
+            f"'time_model.const' must be in [{MIN_CONST_S}, {MAX_COEF_S}], got {_js(v['const'])}"
+        )
+    return out
 
 
 def _batch_sizes(v: Any) -> tuple[int, ...]:
