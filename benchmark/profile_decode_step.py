@@ -297,6 +297,17 @@ def main() -> None:
         p.error("--cprofile-dir needs --cprofile")
     if a.model_path == "bundled":
         a.model_path, a.load_format = None, "auto"
+    if a.device.startswith("cuda") and not torch.cuda.is_available():  # else a torch assert
+        p.error("needs a CUDA device (torch sees none); --device cpu only checks the script")
+    spec_modes = {"adaptive", "adaptive_sync", "static_sync"} & set(a.modes)
+    if spec_modes and a.draft_path and not os.path.isdir(a.draft_path):
+        # else the modes before the first speculative one run, and then it fails
+        p.error(
+            f"--draft-path {a.draft_path} (modes {sorted(spec_modes)}) does not exist; for the "
+            "dummy 8B pair: python benchmark/make_dummy_eagle3_draft.py --config-dir "
+            "benchmark/configs/llama31_8b_eagle3_dummy --out /tmp/llama31_8b_eagle3_dummy "
+            "--device cuda"
+        )
     if a.mode:
         print("RESULT " + json.dumps(one_mode(a)), flush=True)
         return
