@@ -398,39 +398,44 @@ def test_abort_all_ends_every_request_in_flight(server):
 @pytest.mark.slow
 def test_sigterm_stops_every_process(tiny_model_dir):
     srv = ServerProcess(tiny_model_dir)
-    main = psutil.Process(srv.proc.pid)
-    family = [main, *main.children(recursive=True)]
-    assert len(family) >= 2  # the server and at least the scheduler
-    # a client is mid-stream while the server is told to stop
-    events: list = []
-    stream = threading.Thread(target=lambda: _stream_until_cut(srv, events), daemon=True)
-    stream.start()
-    deadline = time.time() + 30
-    while len(events) < 3 and time.time() < deadline:  # the stream is under way
-        time.sleep(0.05)
-    assert len(events) >= 3
-    log_before = srv.log_text()
-    start = time.time()
-    srv.proc.send_signal(signal.SIGTERM)
-    srv.proc.wait(10)
-    gone_at = time.time() - start
-    # by design at most ~5 s (uvicorn's 2 s graceful shutdown, then up to 3 s for the children
-    # before SIGKILL); the bound leaves room for a loaded 2-core CI machine (5.04 s seen there)
-    _, alive = psutil.wait_procs(family, timeout=max(0.1, 10.0 - gone_at))
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == [] and gone_at < 10.0
-    # the stream was ended, not cut: its last chunk says abort (why), then [DONE]
-    stream.join(10)
-    assert events[-1] == "[DONE]", events[-3:]
-    reason = events[-2]["meta_info"]["finish_reason"]
-    assert reason == {"type": "abort", "message": "the server is shutting down"}, [
-        (e if e == "[DONE]" else (e["meta_info"]["finish_reason"], len(e["output_ids"])))
-        for e in events[-4:]
-    ]
-    log = srv.log_text()[len(log_before) :]
-    assert "ended 1 request(s) in flight" in log
-    assert "graceful shutdown exceeded" not in log and "Traceback" not in log
-    os.unlink(srv.log.name)
+    try:
+        main = psutil.Process(srv.proc.pid)
+        family = [main, *main.children(recursive=True)]
+        assert len(family) >= 2  # the server and at least the scheduler
+        # a client is mid-stream while the server is told to stop
+        events: list = []
+        stream = threading.Thread(target=lambda: _stream_until_cut(srv, events), daemon=True)
+        stream.start()
+        deadline = time.time() + 30
+        while len(events) < 3 and time.time() < deadline:  # the stream is under way
+            time.sleep(0.05)
+        assert len(events) >= 3
+        log_before = srv.log_text()
+        start = time.time()
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(10)
+        gone_at = time.time() - start
+        # by design at most ~5 s (uvicorn's 2 s graceful shutdown, then up to 3 s for the children
+        # before SIGKILL); the bound leaves room for a loaded 2-core CI machine (5.04 s seen there)
+        _, alive = psutil.wait_procs(family, timeout=max(0.1, 10.0 - gone_at))
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [] and gone_at < 10.0
+        # the stream was ended, not cut: its last chunk says abort (why), then [DONE]
+        stream.join(10)
+        assert events[-1] == "[DONE]", events[-3:]
+        reason = events[-2]["meta_info"]["finish_reason"]
+        assert reason == {"type": "abort", "message": "the server is shutting down"}, [
+            (e if e == "[DONE]" else (e["meta_info"]["finish_reason"], len(e["output_ids"])))
+            for e in events[-4:]
+        ]
+        log = srv.log_text()[len(log_before) :]
+        assert "ended 1 request(s) in flight" in log
+        assert "graceful shutdown exceeded" not in log and "Traceback" not in log
+    finally:  # a failed assertion must not leave the server running
+        if srv.proc.poll() is None:
+            os.killpg(srv.proc.pid, signal.SIGKILL)
+            srv.proc.wait(5)
+        os.unlink(srv.log.name)
 
 
 def test_engine_shutdown_is_clean(tiny_model_dir):
