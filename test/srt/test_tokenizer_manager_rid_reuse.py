@@ -12,53 +12,23 @@ was sent and its state was never removed).
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from sglang.srt.managers.io_struct import AbortReq, BatchStrOut, GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.test.tokenizer_manager_fakes import batch_out, fake_tokenizer_manager
 
-
-def _manager() -> tuple[TokenizerManager, list]:
-    tm = object.__new__(TokenizerManager)
-    sent: list = []
-    tm.rid_to_state = {}
-    tm.rid_groups = {}
-    tm.metrics_collector = None
-    tm.server_args = SimpleNamespace(
-        log_requests=False, max_queued_requests=None, max_running_requests=8
-    )
-    tm._send = sent.append
-    tm._ensure_handle_loop = lambda: None
-    tm._tokenize = lambda o: SimpleNamespace(rid=o.rid, input_ids=[1, 2, 3], return_logprob=False)
-    tm._expand = lambda obj: (
-        [obj]
-        if isinstance(obj.rid, str)
-        else [GenerateReqInput(rid=r, stream=obj.stream) for r in obj.rid]
-    )
-    return tm, sent
+ABORT = {"type": "abort", "matched": None}
 
 
 def _out(rid: str, ids: list[int], final: bool) -> BatchStrOut:
-    n = len(ids)
-    return BatchStrOut(
-        rids=[rid],
-        text=["x" * n],
-        output_ids_delta=[ids],
-        finished_reason=[{"type": "abort", "matched": None} if final else None],
-        meta=[{"prompt_tokens": 3, "completion_tokens": n, "cached_tokens": 0}],
-        output_token_logprobs_delta=[None],
-        output_top_logprobs_delta=[None],
-        input_token_logprobs=[None],
-        input_top_logprobs=[None],
-        first_token_time=[None],
-    )
+    return batch_out(rid, ids, ABORT if final else None)
 
 
 def test_a_rid_is_taken_until_its_final_output_arrives():
     async def run() -> None:
-        tm, sent = _manager()
+        tm, sent = fake_tokenizer_manager()
         gen = tm.generate_request(GenerateReqInput("t", rid="r1", stream=True))
         first = asyncio.ensure_future(gen.__anext__())
         await asyncio.sleep(0)
@@ -86,7 +56,7 @@ def test_a_rid_is_taken_until_its_final_output_arrives():
 
 def test_a_batch_with_a_taken_or_repeated_rid_sends_nothing():
     async def run() -> None:
-        tm, sent = _manager()
+        tm, sent = fake_tokenizer_manager()
         for rids, why in ((["a", "b", "a"], "more than once"), (["c", "busy"], "in flight")):
             tm.rid_to_state.pop("busy", None)
             if "busy" in rids:
@@ -106,7 +76,7 @@ def test_the_rid_of_a_request_with_n_choices_aborts_and_holds_them_all():
     whole request until generate_request returns."""
 
     async def run() -> None:
-        tm, sent = _manager()
+        tm, sent = fake_tokenizer_manager()
         tm._expand = TokenizerManager._expand.__get__(tm)  # the real n > 1 expansion
         tm._sockets_ready = True
         sp = {"n": 2, "max_new_tokens": 4}
