@@ -80,6 +80,17 @@ def error_response(
     return OrjsonResponse(error_body(message, status, param, code), status_code=status)
 
 
+UNAVAILABLE_ERRORS = ("QueueFullError", "ServerClosingError")  # tokenizer_manager.py, by name
+
+
+def unavailable_error(e: BaseException) -> OpenAIError | None:
+    """The 503 (with the exception's `code`) for QueueFullError and ServerClosingError, matched
+    by name to avoid an import cycle; None for any other exception."""
+    if type(e).__name__ not in UNAVAILABLE_ERRORS:
+        return None
+    return OpenAIError(str(e) or "the request queue is full", 503, code=e.code)
+
+
 def from_engine_exception(
     e: BaseException, max_tokens_field: str = "max_new_tokens"
 ) -> OpenAIError:
@@ -87,14 +98,14 @@ def from_engine_exception(
 
     ValueError (invalid input; its message names the parameter) -> 400, an output budget beyond
     the context naming `max_tokens_field` (the route's name for max_new_tokens);
-    QueueFullError and ServerClosingError (tokenizer_manager.py, matched by name to avoid an
-    import cycle) -> 503 with their `code`.
+    QueueFullError and ServerClosingError -> 503 with their `code` (unavailable_error).
     Anything else is re-raised by the caller as a 500.
     """
     if isinstance(e, OpenAIError):
         return e
-    if type(e).__name__ in ("QueueFullError", "ServerClosingError"):
-        return OpenAIError(str(e) or "the request queue is full", 503, code=e.code)
+    unavailable = unavailable_error(e)
+    if unavailable is not None:
+        return unavailable
     if isinstance(e, MaxTokensError):
         e = e.for_field(max_tokens_field)
     if isinstance(e, ContextLengthError):

@@ -26,6 +26,7 @@ from sglang.srt.entrypoints.openai.errors import (
     OpenAIError,
     error_body,
     from_engine_exception,
+    unavailable_error,
 )
 from sglang.srt.entrypoints.openai.protocol import SamplingFields
 from sglang.srt.managers.io_struct import GenerateReqInput, new_rid
@@ -202,8 +203,8 @@ async def sse_frames(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
     except OpenAIError as e:
         yield sse(error_body(e.message, e.status, e.param, e.code))
     except (ValueError, RuntimeError) as e:
-        if type(e).__name__ in ("QueueFullError", "ServerClosingError"):  # a choice refused
-            err = from_engine_exception(e, "max_tokens")
+        err = unavailable_error(e)  # a choice refused with a 503; anything else is a 500
+        if err is not None:
             yield sse(error_body(err.message, err.status, err.param, err.code))
         else:
             yield sse(error_body(str(e), 500))
