@@ -5,7 +5,6 @@ into upstream-style output dicts (the output side is in tokenizer_output)."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -27,10 +26,14 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
     new_rid,
 )
+from sglang.srt.managers.request_expansion import (
+    choice_groups,
+    expand_request,
+    num_choices,
+)
 from sglang.srt.managers.request_validation import (
     build_sampling_params,
     check_logprob_params,
-    check_n,
     check_prompt_length,
     check_text_size,
     max_token_chars,
@@ -39,6 +42,7 @@ from sglang.srt.managers.tokenizer_output import (
     ReqState,
     TokenTextCache,
     build_output,
+    close_all,
     full_meta,
     handle_batch_out,
     observe_finished,
@@ -47,15 +51,12 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.tokenizer import get_tokenizer
 
 logger = logging.getLogger(__name__)
-SEED_MASK = (1 << 62) - 1
 # Prompt texts longer than this (characters, a request's texts together) are tokenized on a
 # worker thread (TokenizerManager.off_loop), so the HTTP event loop keeps serving meanwhile:
 # the fast tokenizer releases the GIL while it encodes, and a text just under
 # check_text_size's bound (2.6M characters for SmolLM2) takes seconds to encode, e.g. 4.7 s
 # for 1M emoji on the CPU machine. Shorter texts stay on the loop (a thread hop costs ~50 us).
 OFF_LOOP_TOKENIZE_CHARS = 1 << 16
-# GenerateReqInput fields that a batch may give per prompt (a list, one entry per prompt).
-_PER_PROMPT_FIELDS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
 class QueueFullError(RuntimeError):
@@ -71,18 +72,6 @@ class ServerClosingError(RuntimeError):
     request gets its output only at its end, which it will not reach)."""
 
     code = "server_shutting_down"
-
-
-def choice_rid(rid: str, k: int) -> str:
-    """The request id of choice k of a request with n > 1 (each choice is its own request)."""
-    return f"{rid}-{k}"
-
-
-def response_rid(first_rid: str, n: int) -> str:
-    """The id of the request a response answers, from the rid of its first choice: with
-    n > 1 that is choice_rid(rid, 0), and OpenAI gives all choices one response id."""
-    suffix = choice_rid("", 0)
-    return first_rid[: -len(suffix)] if n > 1 and first_rid.endswith(suffix) else first_rid
 
 
 class TokenizerManager:
@@ -165,7 +154,7 @@ class TokenizerManager:
         # validates all before sending any
         tokenized = await self.off_loop(lambda: [self._tokenize(o) for o in singles], chars)
         rids = [t.rid for t in tokenized]
-        groups = self._choice_groups(obj)
+        groups = choice_groups(obj)
         named = rids + list(groups)
         if len(set(named)) < len(named):
             dup = next(r for r in named if named.count(r) > 1)
@@ -180,7 +169,7 @@ class TokenizerManager:
             self._submit(t, text_in_logprobs=bool(o.return_text_in_logprobs))
         self.rid_groups.update(groups)
         try:
-            if len(rids) == 1 and obj.is_single() and not self._n(obj) > 1:
+            if len(rids) == 1 and obj.is_single() and not num_choices(obj) > 1:
                 async for out in self._wait_one(rids[0], obj.stream):
                     yield out
             elif obj.stream:
@@ -204,64 +193,9 @@ class TokenizerManager:
                 # aborted through /abort_request is (its state waits for the abort).
                 self._observe_finished(state, time.perf_counter())
 
-    @staticmethod
-    def _n(obj: GenerateReqInput) -> int:
-        sp = obj.sampling_params
-        if isinstance(sp, dict):
-            n = sp.get("n", 1)
-            return n if isinstance(n, int) and not isinstance(n, bool) else 1
-        return 1
-
-    def _choice_groups(self, obj: GenerateReqInput) -> dict[str, list[str]]:
-        """The client's rid -> its choices' rids, for each prompt of obj that names a rid and
-        asks for n > 1 choices (obj as _expand has validated it)."""
-        items = [obj] if obj.is_single() else [obj[i] for i in range(obj.batch_size())]
-        return {
-            item.rid: [choice_rid(item.rid, k) for k in range(self._n(item))]
-            for item in items
-            if isinstance(item.rid, str) and self._n(item) > 1
-        }
-
     def _expand(self, obj: GenerateReqInput) -> list[GenerateReqInput]:
-        """Split a batch into single requests and expand n > 1 into n copies."""
-        if obj.text is not None and obj.input_ids is not None:
-            raise ValueError("give either 'text' or 'input_ids', not both")
-        single = obj.is_single()
-        if not single and obj.rid is not None:
-            if not isinstance(obj.rid, list) or len(obj.rid) != obj.batch_size():
-                raise ValueError(
-                    f"'rid' must be a list with one id per prompt ({obj.batch_size()}) for a batch"
-                )
-        if single and obj.rid is not None and not isinstance(obj.rid, str):
-            raise ValueError("'rid' must be a string for a single prompt")
-        for name in _PER_PROMPT_FIELDS:
-            value = getattr(obj, name)
-            if not isinstance(value, list):
-                continue
-            if single:  # a list here was taken as one value (`[false]` turned logprobs on)
-                raise ValueError(f"'{name}' must not be a list for a single prompt")
-            if len(value) != obj.batch_size():  # was an IndexError (500) when shorter
-                raise ValueError(
-                    f"'{name}' must have one entry per prompt ({obj.batch_size()}) for a batch, "
-                    f"got {len(value)}"
-                )
-        items = [obj] if single else [obj[i] for i in range(obj.batch_size())]
-        if not items:
-            raise ValueError("the batch of prompts is empty")
-        out: list[GenerateReqInput] = []
-        for item in items:
-            sp = dict(item.sampling_params or {})
-            n = check_n(sp.pop("n", 1))
-            for k in range(n):
-                copy_ = copy.copy(item)
-                copy_.sampling_params = dict(sp)
-                if n > 1:
-                    copy_.rid = None if item.rid is None else choice_rid(item.rid, k)
-                    seed = sp.get("sampling_seed")
-                    if isinstance(seed, int):
-                        copy_.sampling_params["sampling_seed"] = (seed + 7919 * k) & SEED_MASK
-                out.append(copy_)
-        return out
+        """request_expansion.expand_request (a method, so that tests can stub it)."""
+        return expand_request(obj)
 
     async def off_loop(self, fn: Any, chars: int) -> Any:
         """fn() (tokenization of prompt texts of `chars` characters in all), on a worker
@@ -436,30 +370,16 @@ class TokenizerManager:
         return len(rids)
 
     def finish_all_local(self, message: str) -> int:
-        """End every request in flight on this side alone, without waiting for the scheduler:
-        each finishes with finish_reason {"type": "abort", "message": message} and its waiter
-        wakes: a stream that has sent something sends its last chunk (and [DONE]); a request
-        with nothing sent yet, which is every non-streamed one (the scheduler sends its output
-        at the end), fails with ServerClosingError (HTTP 503, so its client can retry). Requests
-        that arrive afterwards get the same 503. Abandoned requests (their client left) are
-        dropped. For shutdown: the HTTP server calls it when uvicorn begins to stop, before the
-        scheduler is stopped (which frees the KV with the process). Returns how many requests
-        were ended."""
+        """End every request in flight on this side alone, without waiting for the scheduler
+        (tokenizer_output.close_all): a stream that has sent something sends its last chunk,
+        finish_reason abort, and [DONE]; a request with nothing sent yet, which is every
+        non-streamed one (the scheduler sends its output at the end), fails with
+        ServerClosingError (HTTP 503, so its client can retry), as does every request arriving
+        afterwards. For shutdown: the HTTP server calls it when uvicorn begins to stop, before
+        the scheduler is stopped (which frees the KV with the process). Returns how many
+        requests were ended."""
         self.closing = message  # from now on generate_request refuses with a 503
-        now = time.perf_counter()
-        ended = 0
-        for rid, state in list(self.rid_to_state.items()):
-            if state.finished:
-                continue
-            if state.abandoned:
-                del self.rid_to_state[rid]
-                continue
-            state.finished = state.closed = True
-            state.meta["finish_reason"] = {"type": "abort", "message": message}
-            self._observe_finished(state, now)
-            state.event.set()
-            ended += 1
-        return ended
+        return close_all(self.rid_to_state, message, self.metrics_collector)
 
     async def flush_cache(self) -> bool:
         out: FlushCacheReqOutput = await self._ask(FlushCacheReq(), FlushCacheReqOutput)

@@ -98,6 +98,28 @@ def handle_batch_out(
         state.event.set()
 
 
+def close_all(rid_to_state: dict[str, ReqState], message: str, metrics_collector: Any) -> int:
+    """Finish every unfinished request of rid_to_state here, with finish_reason {"type":
+    "abort", "message": message} and `closed` set (its waiter then raises the 503 when it has
+    sent nothing yet), and wake its waiter; abandoned ones (their client left) are deleted.
+    Later scheduler outputs for them are dropped by handle_batch_out. Returns how many were
+    ended (TokenizerManager.finish_all_local, at shutdown)."""
+    now = time.perf_counter()
+    ended = 0
+    for rid, state in list(rid_to_state.items()):
+        if state.finished:
+            continue
+        if state.abandoned:
+            del rid_to_state[rid]
+            continue
+        state.finished = state.closed = True
+        state.meta["finish_reason"] = {"type": "abort", "message": message}
+        observe_finished(state, now, metrics_collector)
+        state.event.set()
+        ended += 1
+    return ended
+
+
 def observe_finished(state: ReqState, now: float, metrics_collector: Any) -> None:
     """Set state.meta["e2e_latency"] (seconds, `now` is a perf_counter() stamp) and report the
     request to metrics_collector.observe_request_finished unless the collector is None."""

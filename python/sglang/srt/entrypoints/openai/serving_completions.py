@@ -24,7 +24,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     sse_frames,
     usage,
 )
-from sglang.srt.managers.tokenizer_manager import response_rid
+from sglang.srt.managers.request_expansion import response_rid
 
 
 # ---- /v1/completions -------------------------------------------------------------------------
