@@ -123,7 +123,11 @@ def test_deferred_draft_extend_restores_the_draft_state(
         off["value"] = False
         run_until_idle(sched, outs)
         sched.kv.check_accounting()
-        assert sched.spec.stats["spec_deferred_draft_extends"] == sum(map(sum, keeps))
+        stats = sched.spec.stats
+        assert stats["spec_deferred_draft_extends"] == sum(map(sum, keeps))
+        # every chunk either deferred or ran its draft extend (the request never went stale)
+        assert stats["spec_stale_prefills"] == 0
+        assert stats["spec_prefill_draft_extends"] == sum(len(k) - sum(k) for k in keeps)
         out = outs["r"]["output_ids"]
         # the finished request's draft-valid KV is cached: read the draft KV of its prompt
         m = sched.tree_cache.match_prefix(p + out[:-1], draft_only=True)

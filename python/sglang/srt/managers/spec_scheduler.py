@@ -47,6 +47,8 @@ class SpecScheduler:
             "spec_accepted_drafts": 0,
             "spec_last_step_share_drafting": 0.0,
             "spec_deferred_draft_extends": 0,  # prefill chunks whose draft extend was deferred
+            "spec_prefill_draft_extends": 0,  # prefill chunks whose draft extend ran
+            "spec_stale_prefills": 0,  # prefill chunks of requests that can never draft
         }
         self.accept_histogram = [0] * (self.num_steps + 1)
         # whether the last plan built (= the last step launched) was a decode step where every
@@ -211,8 +213,10 @@ class SpecScheduler:
                 keep.append(deferred)
                 self.stats["spec_deferred_draft_extends"] += deferred
                 if deferred or req.draft.stale:  # a stale draft is never read again
+                    self.stats["spec_stale_prefills"] += req.draft.stale
                     ext.append([])
                     continue
+                self.stats["spec_prefill_draft_extends"] += 1
                 e = n - 1 if final else n
                 ext.append(req.fill_ids[start + 1 : start + 1 + e])
             self._last_plain_decode = False
