@@ -131,6 +131,34 @@ def error_record(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:2000]
 
 
+def failed_parts(result: dict) -> list[str]:
+    """What failed in a sweep_serving.py or paired_serving.py result: the run's own error, each
+    configuration that failed to start and each point that raised ("error") or was cancelled
+    ("timeout"), as short labels. Skipped points (deadline, budget) are not failures. The tools
+    exit 1 when this is not empty, after writing their JSON."""
+    out = [f"run: {result['error']}"[:200]] if result.get("error") else []
+    points = list(result.get("points", []))
+    for cfg in result.get("configs", []):
+        if cfg.get("status") == "error":
+            out.append(f"{cfg.get('name')}: {str(cfg.get('error', '')).splitlines()[0][:200]}")
+        points += [dict(p, config=cfg.get("name")) for p in cfg.get("points", [])]
+    for p in points:
+        if p.get("status") in ("error", "timeout"):
+            where = f"{p.get('config')} c={p.get('concurrency')}"
+            where += f" round {p['round']}" if "round" in p else ""
+            out.append(f"{where}: {p['status']}")
+    return out
+
+
+def exit_status(result: dict) -> int:
+    """0 when every configuration started and no point failed (failed_parts), else 1 with the
+    failures listed on stderr."""
+    bad = failed_parts(result)
+    for line in bad:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def sync(device: str) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()

@@ -54,6 +54,8 @@ carry that process's bias.
 Time-boxed by --deadline-s (the points left are recorded as skipped). A server that fails to
 start stops the run (its error and log tail under `configs`); an interrupt (SIGTERM, Ctrl-C) or
 a failure outside a point is recorded as `error`; every server started is killed either way.
+The exit status is 1 when a server failed to start or a point failed or timed out
+(bench_common.failed_parts, listed on stderr), else 0.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ import sys
 import time
 from typing import Any
 
-from bench_common import error_record, run_meta, write_json
+from bench_common import error_record, exit_status, run_meta, write_json
 from bench_server import Server, log_tail, parse_cpu_list
 from host_probe import HostProbe
 from paired_report import markdown, summarize
@@ -352,4 +354,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status(main()))

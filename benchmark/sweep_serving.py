@@ -20,7 +20,9 @@ Time-boxed: a configuration stops starting points when --config-budget-s (from w
 spent, the sweep when --deadline-s (from the start) is; those points and configurations are
 recorded as "skipped". A running point is cancelled at either limit ("timeout"). A server that
 fails to start, or a point that fails, records its error (with the server log's tail) and the
-sweep goes on. The JSON is rewritten after every point.
+sweep goes on. The JSON is rewritten after every point. The exit status is 1 when a configuration
+failed to start or a point failed or timed out (bench_common.failed_parts, listed on stderr),
+else 0.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import sys
 import time
 from typing import Any
 
-from bench_common import RESULTS_DIR, error_record, run_meta, write_json
+from bench_common import RESULTS_DIR, error_record, exit_status, run_meta, write_json
 from bench_server import Server, log_tail
 from proc_cpu import cpu_seconds_by_role
 from sweep_presets import CONFIGS, MTBENCH, PRESETS, Preset, config_flags
@@ -405,4 +407,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status(main()))

@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
 
+from bench_common import exit_status, failed_parts  # noqa: E402
 from paired_report import failures, markdown, summarize  # noqa: E402
 from paired_serving import main, round_order  # noqa: E402
 
@@ -618,3 +619,42 @@ def test_config_flags_keep_a_configurations_env_words_first():
     assert flags[0] == "SGLANG_SCHEDULER_HUGEPAGE_HEAP=0"
     assert flags[1:] == preset.model_flags + preset.draft_flags + extra["x"][1:]
     assert config_flags(preset, "no_spec", {}) == preset.model_flags + CONFIGS["no_spec"]
+
+
+def test_failed_parts_name_what_failed_in_sweep_and_paired_results(capsys):
+    """The tools' exit status: 1 for a server that did not start, a point that raised or timed
+    out, or a run stopped by an error; skipped points (deadline, budget) are not failures."""
+    sweep = {
+        "configs": [
+            {"name": "no_spec", "status": "ok", "points": [{"concurrency": 1, "status": "ok"}]},
+            {"name": "fixed_k1", "status": "error", "error": "server start: RuntimeError: rc 1\nx"},
+            {
+                "name": "adaptive",
+                "status": "partial",
+                "points": [
+                    {"concurrency": 1, "status": "timeout"},
+                    {"concurrency": 2, "status": "skipped", "reason": "config budget"},
+                ],
+            },
+        ]
+    }
+    assert failed_parts(sweep) == [
+        "fixed_k1: server start: RuntimeError: rc 1",
+        "adaptive c=1: timeout",
+    ]
+    assert exit_status(sweep) == 1
+    assert "FAILED adaptive c=1: timeout" in capsys.readouterr().err
+    paired = {
+        "configs": [{"name": "no_spec"}, {"name": "adaptive"}],
+        "points": [
+            {"concurrency": 4, "round": 1, "config": "adaptive", "status": "error"},
+            {"concurrency": 8, "round": 0, "config": "no_spec", "status": "skipped"},
+        ],
+        "error": "interrupted, SystemExit: 143",
+    }
+    assert failed_parts(paired) == [
+        "run: interrupted, SystemExit: 143",
+        "adaptive c=4 round 1: error",
+    ]
+    ok = {"configs": [{"name": "a", "status": "ok", "points": [{"status": "skipped"}]}]}
+    assert failed_parts(ok) == [] and exit_status(ok) == 0
