@@ -584,6 +584,43 @@ def test_catch_up_never_crosses_a_branch_of_the_cache(tiny_model_dir, draft_dir,
     sched.kv.check_accounting()
 
 
+def test_target_only_prefix_stops_before_a_near_branch_and_drafts_later(tiny_model_dir, draft_dir):
+    """A request admitted while speculation is off whose cached prefix crosses a branch of the
+    cache at most MAX_BRANCH_CUT tokens before its end takes the prefix only up to the
+    branch: it recomputes those tokens, stays able to draft, and drafts once speculation is
+    back, with no wrong draft entry at any step and the plain engine's output. (Before, it
+    never drafted: with a chat template that was most requests admitted under load.)"""
+    from sglang.srt.managers.batch_builder import MAX_BRANCH_CUT
+
+    sched, off, outs, p = off_after_first_turn(tiny_model_dir, draft_dir)
+    base = p + outs["t0"]["output_ids"]
+    b1, b2 = base + prompt(5, seed=2), base + prompt(5, seed=3)
+    for rid, ids in (("b1", b1), ("b2", b2)):
+        submit(sched, rid, ids, GREEDY)
+    run_until_idle(sched, outs)
+    c = b1 + prompt(6, seed=7)  # b1's prompt, then not its answer
+    assert len(b1) - len(base) <= MAX_BRANCH_CUT
+    submit(sched, "c", c, GREEDY)
+    sched.step()
+    (req,) = sched.running
+    # the branch (b1 or b2) is after token len(base) - 1: the prefix stops before that position
+    assert len(req.prefix_indices) == len(base) - 1
+    assert not req.draft.stale and not req.prefix_shares_branch
+    off["value"] = False
+    while not sched.is_idle():
+        sched.step()
+        collect(sched, outs)
+        assert wrong_draft_entries(sched) == []
+    assert outs["c"]["meta"]["spec_num_proposed_drafts"] > 0  # it caught up and drafted
+    plain = make_scheduler(tiny_model_dir, dtype="float32")
+    ref: dict = {}
+    for rid, ids in (("t0", p), ("b1", b1), ("b2", b2), ("c", c)):
+        submit(plain, rid, ids, GREEDY)
+        run_until_idle(plain, ref)
+    assert all(outs[r]["output_ids"] == ref[r]["output_ids"] for r in ref)
+    sched.kv.check_accounting()
+
+
 def test_chunked_turn_on_a_target_only_prefix_stops_drafting(tiny_model_dir, draft_dir):
     """With chunked prefill, caching a turn's first chunk swaps the slot it computed for the
     prefix's last position back to the tree's shared one: that pending position now sits in

@@ -536,17 +536,22 @@ def test_shared_last_position_locked_by_another_request_keeps_its_slot():
     sim.check()
 
 
-def test_branches_on_path():
-    """branches_on_path(node, n, lo, hi): a node on the path ending at a token e with
-    lo < e <= hi that continues in more than one way."""
+def test_first_branch_on_path():
+    """first_branch_on_path(node, n, lo, hi): the smallest end e of a node on the path with
+    lo < e <= hi that continues in more than one way, or None."""
     sim = Sim()
     for toks in ([1, 2, 3, 4, 5, 6], [1, 2, 3, 9], [1, 2, 3, 4, 5, 6, 7]):
         sim.cache_request(toks)
     m = sim.cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
     assert len(m.device_indices) == 7
     # [1, 2, 3] branches (4 or 9) at e = 3; [4, 5, 6] continues with 7 only
-    assert sim.cache.branches_on_path(m.last_node, 7, 0, 7)
-    assert sim.cache.branches_on_path(m.last_node, 7, 2, 3)
-    assert not sim.cache.branches_on_path(m.last_node, 7, 3, 7)  # e = 3 is not > lo
-    assert not sim.cache.branches_on_path(m.last_node, 7, 0, 2)
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 0, 7) == 3
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 2, 3) == 3
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 3, 7) is None  # e = 3 is not > lo
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 0, 2) is None
+    sim.cache_request([1, 2, 3, 4, 5, 8])  # a second branch, at e = 5 (6 or 8)
+    m = sim.cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 0, 7) == 3  # the smaller one
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 3, 7) == 5
+    assert sim.cache.first_branch_on_path(m.last_node, 7, 3, 4) is None
     sim.check()

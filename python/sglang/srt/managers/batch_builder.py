@@ -27,6 +27,15 @@ from sglang.srt.managers.tp_worker_overlap_thread import future_placeholder
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo, SamplingRow
 
+# Cached tokens a request admitted while speculation is off gives up (recomputes) so that its
+# target-only prefix stops before the cache's first branch in it and its draft can catch up
+# later (BatchBuilder.match_prefix). With a chat template, requests share the template and
+# branch where the user turns differ, a few tokens into the turn: without the cut a request
+# whose turn starts like an earlier one crossed that branch and never drafted (H200, SmolLM2,
+# c = 64: 148-304 of 513 prefills per point, benchmark/results/paired_smollm2_h200_s36.json,
+# `spec_stale_prefills`).
+MAX_BRANCH_CUT = 16
+
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -157,10 +166,15 @@ class BatchBuilder:
             # keeps the catch-up from overwriting what a request sharing the slot wrote there.
             limit = min(limit, n - 1)
             # The same holds inside the prefix where the cache branches: there req cannot
-            # catch up without overwriting another branch's entry, so it never drafts.
-            req.prefix_shares_branch = self.s.tree_cache.branches_on_path(
-                res.last_node, n, res.draft_valid_len, limit
-            )
+            # catch up without overwriting another branch's entry. A branch at most
+            # MAX_BRANCH_CUT tokens before the prefix's end moves the end back to it (req
+            # recomputes those tokens and can draft later); an earlier one keeps the prefix
+            # and req never drafts.
+            e = self.s.tree_cache.first_branch_on_path(res.last_node, n, res.draft_valid_len, limit)
+            if e is not None and limit - (e - 1) <= MAX_BRANCH_CUT:
+                limit = e - 1
+            else:
+                req.prefix_shares_branch = e is not None
         req.last_node = res.last_node
         req.prefix_draft_valid_len = min(res.draft_valid_len, limit)
         return res.device_indices[:limit]

@@ -99,11 +99,12 @@ class BasePrefixCache(ABC):
         with valid draft-model KV in the slots the request now uses (all n by default)."""
         return n
 
-    def branches_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> bool:
-        """Whether the cached path ending at `node` (at token n) continues in more than one way
-        after some token e - 1 with lo < e <= hi: the slot of position e - 1 is then shared by
-        requests whose token e differs (none without a shared tree: False by default)."""
-        return False
+    def first_branch_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> int | None:
+        """The smallest e with lo < e <= hi after whose token e - 1 the cached path ending at
+        `node` (at token n) continues in more than one way: the slot of position e - 1 is then
+        shared by requests whose token e differs. None when there is none (always without a
+        shared tree)."""
+        return None
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode) -> None:

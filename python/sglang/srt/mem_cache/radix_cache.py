@@ -133,16 +133,16 @@ class RadixCache(BasePrefixCache):
             node = node.parent
         return valid
 
-    def branches_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> bool:
-        """See BasePrefixCache.branches_on_path: a node on the path that ends at a token e
-        with lo < e <= hi and has more than one child."""
-        end = n
+    def first_branch_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> int | None:
+        """See BasePrefixCache.first_branch_on_path: the smallest end e of a node on the path
+        with lo < e <= hi and more than one child."""
+        end, first = n, None
         while node.parent is not None and end > lo:
             if end <= hi and len(node.children) > 1:
-                return True
+                first = end  # walking up: each one found is smaller
             end -= len(node.key)
             node = node.parent
-        return False
+        return first
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child`'s edge after n tokens (0 < n < len); returns the new upper node."""
