@@ -27,7 +27,9 @@
 # ROOF_TIMEOUT_S (200), VSHF_TIMEOUT_S (240), SERVER_ARGS (extra launch_server flags for the
 # sweeps, e.g. "--attention-backend triton"), ENGINE_ARGS (extra flags for roofline / vs_hf),
 # SWEEP_EXTRA (extra sweep_serving.py flags, e.g. "--concurrency 1 4 16 --output-len 64"),
-# PAIRED_EXTRA (extra paired_serving.py flags, e.g. "--output-len 128 --rounds 4"),
+# PAIRED_EXTRA (extra paired_serving.py flags, e.g. "--output-len 128 --rounds 4"; split on
+# spaces, so no quoted values), PAIRED_CONFIGS (default "no_spec adaptive"), PAIRED_ADD_CONFIG
+# (one NAME=FLAGS passed whole to --add-config; name it in PAIRED_CONFIGS too),
 # PAIRED_CPUS / PAIRED_CLIENT_CPUS (each server's and the client's cores; default 0-6 7-13 and
 # 14-15 of the H200 machine's 16).
 set -uo pipefail
@@ -93,9 +95,12 @@ sweep() {  # preset, deadline (s), per-config budget (s or empty)
 paired() {  # preset, deadline (s), extra server flags (both servers must fit on the GPU)
   local preset=$1 deadline=$2
   if [ "$deadline" -lt 90 ]; then echo "no time left for the paired $preset run"; return; fi
+  local add=()  # one extra configuration whose flags may hold spaces and quotes
+  [ -n "${PAIRED_ADD_CONFIG:-}" ] && add=(--add-config "$PAIRED_ADD_CONFIG")
   # shellcheck disable=SC2086
   timeout -k 10 $((deadline + 30)) $PY benchmark/paired_serving.py --preset "$preset" \
-    --configs no_spec adaptive --concurrency 1 2 4 8 16 32 64 128 256 --rounds 3 \
+    --configs ${PAIRED_CONFIGS:-no_spec adaptive} "${add[@]}" \
+    --concurrency 1 2 4 8 16 32 64 128 256 --rounds 3 \
     --cpu-sets ${PAIRED_CPUS:-0-6 7-13} --client-cpus "${PAIRED_CLIENT_CPUS:-14-15}" \
     --deadline-s "$deadline" --server-args "$SERVER_ARGS $3" ${PAIRED_EXTRA:-} \
     --result-file "$OUT/paired_${preset}_$TAG.json" --log-dir "$LOGS" \
