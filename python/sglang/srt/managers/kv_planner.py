@@ -16,6 +16,13 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
+# An eviction frees at least this share of the pool (when that much is evictable): each one
+# walks the whole radix tree for its leaves, so with a full cache evicting exactly what every
+# step needs costs that walk every step (CPU machine, tiny model at bs 16 once its 65,536-slot
+# pool is full: get_next_batch_to_run 100 -> ~540 us per step, ~160 with this share;
+# benchmark/results/warmup_heap_cpu.txt, fifth blocks). Upstream evicts exactly what is needed.
+EVICT_MIN_SHARE = 1 / 128
+
 
 class KVPlanner:
     def __init__(
@@ -32,9 +39,14 @@ class KVPlanner:
         return self.allocator.available_size() + self.tree_cache.evictable_size()
 
     def alloc_tokens(self, need: int) -> torch.Tensor | None:
-        """`need` KV slots ([need] int64 CPU), evicting unreferenced cache entries if needed."""
-        if need > self.allocator.available_size():
-            self.tree_cache.evict(need - self.allocator.available_size())
+        """`need` KV slots ([need] int64 CPU), evicting unreferenced cache entries if needed:
+        the least recently used ones, at least EVICT_MIN_SHARE of the pool per eviction (so
+        that the tree walk of an eviction is paid once per that many tokens, not every step).
+        None when even a full eviction leaves too few."""
+        short = need - self.allocator.available_size()
+        if short > 0:
+            batch = int(self.allocator.size * EVICT_MIN_SHARE)
+            self.tree_cache.evict(max(short, min(batch, self.tree_cache.evictable_size())))
         return self.allocator.alloc(need)
 
     def assign_slots(self, req: Req, start: int, slots: torch.Tensor) -> None:
