@@ -99,11 +99,22 @@ class BasePrefixCache(ABC):
         with valid draft-model KV in the slots the request now uses (all n by default)."""
         return n
 
-    def first_branch_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> int | None:
+    def first_branch_on_path(
+        self,
+        node: TreeNode,
+        n: int,
+        lo: int,
+        hi: int,
+        held: dict[int, list[int]] | None = None,
+        key: list[int] | None = None,
+    ) -> int | None:
         """The smallest e with lo < e <= hi after whose token e - 1 the cached path ending at
         `node` (at token n) continues in more than one way: the slot of position e - 1 is then
-        shared by requests whose token e differs. None when there is none (always without a
-        shared tree)."""
+        shared by requests whose token e differs. held: id(node) -> the next tokens of live
+        requests whose cached prefix ends where that node does (a chunked request's cached
+        chunk: its next token is not in the tree); such a node counts as a branch where one
+        of them differs from key[e] (key: the tokens of the path's request). None when there
+        is none (always without a shared tree)."""
         return None
 
     @abstractmethod

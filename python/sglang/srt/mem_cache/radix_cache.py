@@ -133,12 +133,23 @@ class RadixCache(BasePrefixCache):
             node = node.parent
         return valid
 
-    def first_branch_on_path(self, node: TreeNode, n: int, lo: int, hi: int) -> int | None:
+    def first_branch_on_path(
+        self,
+        node: TreeNode,
+        n: int,
+        lo: int,
+        hi: int,
+        held: dict[int, list[int]] | None = None,
+        key: list[int] | None = None,
+    ) -> int | None:
         """See BasePrefixCache.first_branch_on_path: the smallest end e of a node on the path
-        with lo < e <= hi and more than one child."""
+        with lo < e <= hi and more than one child, or a held next token other than key[e]."""
         end, first = n, None
         while node.parent is not None and end > lo:
-            if end <= hi and len(node.children) > 1:
+            if end <= hi and (
+                len(node.children) > 1
+                or (held and key is not None and any(t != key[end] for t in held.get(id(node), ())))
+            ):
                 first = end  # walking up: each one found is smaller
             end -= len(node.key)
             node = node.parent
