@@ -8,7 +8,7 @@ not in the tree (only its cached chunk is): no branch shows there.
 
 The first two tests are that case (both failed at d8ec04f: a later request that took the chunk
 and continued along another cached path caught up over that slot and overwrote the chunked
-request's entry; BatchBuilder.held_chunk_ends now counts such a slot as a branch). The first
+request's entry; BatchBuilder.chunk_end_tokens now counts such a slot as a branch). The first
 needed the branch cut (before d8ec04f the request crossed a near branch and stayed stale); the
 second did not (the hole was older than the cut). The last test is a compact randomized fuzz
 (fixed seeds) of the cut: random multi-turn conversations and shared prefixes branching at
@@ -77,7 +77,7 @@ def test_catch_up_never_overwrites_the_entry_of_a_running_chunk_end(
     with its own token 16: at d8ec04f r2 did, writing it with its token 16 (b[0]), and
     wrong_draft_entries found ('r0', 15). match_prefix now counts as a branch a node where a
     live request's cached chunk ends with a next token other than req's
-    (BatchBuilder.held_chunk_ends), so r2's prefix stops before position 15. With
+    (BatchBuilder.chunk_end_tokens), so r2's prefix stops before position 15. With
     near_branch r2 can still draft (the cut), as the test checks."""
     sched, off, outs, prompts, running = chunk_end_then_other_path(
         tiny_model_dir, draft_dir, near_branch

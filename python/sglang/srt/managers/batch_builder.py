@@ -38,6 +38,7 @@ MAX_BRANCH_CUT = 16
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.mem_cache.radix_cache import TreeNode
 
 
 def next_kv_start(req: Req) -> int:
@@ -78,7 +79,7 @@ class BatchBuilder:
             else (sa.max_prefill_tokens)
         )
         self.max_running = sa.max_running_requests
-        self._held: dict[int, list[int]] | None = None  # held_chunk_ends of this prefill batch
+        self._by_node: dict[int, list[Req]] | None = None  # chunk_end_tokens, per prefill batch
         # The last step's sampling rows when every one was greedy without logits processors:
         # (its requests, its SamplingBatchInfo), reused while the same requests decode on.
         self._greedy_info: tuple[list[Req], SamplingBatchInfo] | None = None
@@ -97,27 +98,30 @@ class BatchBuilder:
             return []
         return [r for r, f in zip(step.batch.reqs, step.batch.is_final_chunk, strict=True) if f]
 
-    def held_chunk_ends(self) -> dict[int, list[int]]:
-        """id(node) -> next tokens of the live requests (running, in flight, chunked) whose
-        cached prefix ends where that node does: a chunked request keeps using the tree's slot
-        of its cached chunk's last position, whose draft entry depends on its own next token,
-        which the tree does not hold, so a catch-up over that slot by a request continuing
-        differently would overwrite it (first_branch_on_path). Built once per prefill batch,
-        when a target-only prefix first needs it (a review helper's fuzz found the overwrite,
-        test_branch_cut_fuzz.py)."""
-        if self._held is None:
-            s = self.s
-            step = s.inflight
+    def chunk_end_tokens(self, node: TreeNode, end: int) -> list[int]:
+        """Next tokens of the live requests (running, in flight, chunked) whose cached prefix
+        ends at `node`, token `end`: a chunked request keeps using the tree's slot of its
+        cached chunk's last position, whose draft entry depends on its own next token, which
+        the tree does not hold, so a catch-up over that slot by a request continuing
+        differently would overwrite it (first_branch_on_path's `ends`; a review helper's fuzz
+        found the overwrite, test_branch_cut_fuzz.py). The requests are grouped by node once
+        per prefill batch, when a target-only prefix first asks."""
+        if self._by_node is None:
+            s, step = self.s, self.s.inflight
             live = [*s.running, *(step.batch.reqs if step is not None else ())]
             if s.chunked_req is not None:
                 live.append(s.chunked_req)
-            held: dict[int, list[int]] = {}
+            by_node: dict[int, list[Req]] = {}
             for r in live:
-                d = len(r.prefix_indices) if r.prefix_indices is not None else 0
-                if r.last_node is not None and 0 < d < len(r.fill_ids):
-                    held.setdefault(id(r.last_node), []).append(r.fill_ids[d])
-            self._held = held
-        return self._held
+                if r.last_node is not None:
+                    by_node.setdefault(id(r.last_node), []).append(r)
+            self._by_node = by_node
+        out = []
+        for r in self._by_node.get(id(node), ()):
+            if len(r.prefix_indices) == end and end < r.seqlen:
+                o = r.origin_input_ids  # fill_ids[end] without building fill_ids
+                out.append(o[end] if end < len(o) else r.output_ids[end - len(o)])
+        return out
 
     def running_reserve(self) -> int:
         ratio = self.s.new_token_ratio
@@ -126,7 +130,7 @@ class BatchBuilder:
 
     def get_new_prefill_batch(self) -> ScheduleBatch | None:
         s = self.s
-        self._held = None  # held_chunk_ends of this batch, built on first use
+        self._by_node = None  # chunk_end_tokens' grouping, built on first use
         if not s.waiting_queue and s.chunked_req is None:
             return None
         if s.inflight is not None and not all(s.inflight.batch.is_final_chunk):
@@ -195,7 +199,7 @@ class BatchBuilder:
             # recomputes those tokens and can draft later); an earlier one keeps the prefix
             # and req never drafts.
             e = self.s.tree_cache.first_branch_on_path(
-                res.last_node, n, res.draft_valid_len, limit, self.held_chunk_ends(), req.fill_ids
+                res.last_node, n, res.draft_valid_len, limit, self.chunk_end_tokens, req.fill_ids
             )
             if e is not None and limit - (e - 1) <= MAX_BRANCH_CUT:
                 limit = e - 1

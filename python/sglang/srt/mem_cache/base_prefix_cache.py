@@ -18,6 +18,7 @@ returned by the latest `cache_unfinished_req`) back to `cache_*_req`, which rele
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -105,16 +106,16 @@ class BasePrefixCache(ABC):
         n: int,
         lo: int,
         hi: int,
-        held: dict[int, list[int]] | None = None,
+        ends: Callable[[TreeNode, int], Iterable[int]] | None = None,
         key: list[int] | None = None,
     ) -> int | None:
         """The smallest e with lo < e <= hi after whose token e - 1 the cached path ending at
         `node` (at token n) continues in more than one way: the slot of position e - 1 is then
-        shared by requests whose token e differs. held: id(node) -> the next tokens of live
-        requests whose cached prefix ends where that node does (a chunked request's cached
-        chunk: its next token is not in the tree); such a node counts as a branch where one
-        of them differs from key[e] (key: the tokens of the path's request). None when there
-        is none (always without a shared tree)."""
+        shared by requests whose token e differs. ends(node, e): the next tokens of live
+        requests whose cached prefix ends where `node` does, at token e (a chunked request's
+        cached chunk: its next token is not in the tree); such a node counts as a branch where
+        one of them differs from key[e] (key: the tokens of the path's request). None when
+        there is none (always without a shared tree)."""
         return None
 
     @abstractmethod

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -139,16 +140,17 @@ class RadixCache(BasePrefixCache):
         n: int,
         lo: int,
         hi: int,
-        held: dict[int, list[int]] | None = None,
+        ends: Callable[[TreeNode, int], Iterable[int]] | None = None,
         key: list[int] | None = None,
     ) -> int | None:
         """See BasePrefixCache.first_branch_on_path: the smallest end e of a node on the path
-        with lo < e <= hi and more than one child, or a held next token other than key[e]."""
+        with lo < e <= hi and more than one child, or a live request's next token there
+        (ends) other than key[e]."""
         end, first = n, None
         while node.parent is not None and end > lo:
             if end <= hi and (
                 len(node.children) > 1
-                or (held and key is not None and any(t != key[end] for t in held.get(id(node), ())))
+                or (ends is not None and any(t != key[end] for t in ends(node, end)))
             ):
                 first = end  # walking up: each one found is smaller
             end -= len(node.key)
