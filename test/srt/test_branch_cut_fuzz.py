@@ -261,3 +261,43 @@ FUZZ_SEEDS = [0, 14, 24, 30, 42, 43, 45, 49, 50, 52, 55, 56]  # cuts in each; al
 def test_branch_cut_fuzz(tiny_model_dir, draft_dir):
     runs = [fuzz_case(seed, tiny_model_dir, draft_dir) for seed in FUZZ_SEEDS]
     assert sum(r["cuts"] for r in runs) > 0 and all(r["drafting_steps"] for r in runs)
+
+
+def test_chunk_end_tokens_take_only_prefixes_that_end_at_the_node():
+    """Only a live request whose cached prefix ends exactly at the node's end gives its next
+    token (read from its prompt or its outputs); one whose prefix stopped short of the node
+    (as target-only and draft-valid prefixes with children do) does not, and neither does one
+    without a node. Grouped once per prefill batch: a later request joining is not seen until
+    the grouping is reset."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.batch_builder import BatchBuilder
+
+    node, other = object(), object()
+
+    def req(prefix_len, node, prompt, outputs=()):
+        return SimpleNamespace(
+            prefix_indices=torch.zeros(prefix_len, dtype=torch.int64),
+            last_node=node,
+            origin_input_ids=list(prompt),
+            output_ids=list(outputs),
+            seqlen=len(prompt) + len(outputs),
+        )
+
+    at_end = req(4, node, [1, 2, 3, 4, 5, 6])  # next token 5
+    short = req(3, node, [1, 2, 3, 4, 9])  # stops one short: not at the node's end
+    in_outputs = req(4, node, [1, 2, 3, 4], outputs=[7, 8])  # next token 7, an output
+    done = req(4, node, [1, 2, 3, 4])  # nothing after its prefix yet
+    elsewhere = req(4, other, [1, 2, 3, 4, 6])
+    chunked = req(4, node, [1, 2, 3, 4, 11, 12])
+    sched = SimpleNamespace(
+        running=[at_end, short, in_outputs, done, elsewhere], inflight=None, chunked_req=chunked
+    )
+    b = BatchBuilder.__new__(BatchBuilder)
+    b.s, b._by_node = sched, None
+    assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11]
+    assert b.chunk_end_tokens(other, 4) == [6]
+    sched.running.append(req(4, node, [1, 2, 3, 4, 13]))
+    assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11]  # the batch's grouping
+    b._by_node = None
+    assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11, 13]
