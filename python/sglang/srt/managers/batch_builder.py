@@ -177,7 +177,8 @@ class BatchBuilder:
         says the target's alone will do (SpecScheduler.takes_target_only_prefix)."""
         spec = self.s.spec
         draft_only = spec is not None and not spec.takes_target_only_prefix()
-        res = self.s.tree_cache.match_prefix(req.fill_ids, draft_only=draft_only)
+        ids = req.fill_ids  # a new list per access
+        res = self.s.tree_cache.match_prefix(ids, draft_only=draft_only)
         limit = req.seqlen - 1
         if req.wants_input_logprobs():
             limit = min(limit, req.logprob_start_len)
@@ -199,7 +200,7 @@ class BatchBuilder:
             # recomputes those tokens and can draft later); an earlier one keeps the prefix
             # and req never drafts.
             e = self.s.tree_cache.first_branch_on_path(
-                res.last_node, n, res.draft_valid_len, limit, self.chunk_end_tokens, req.fill_ids
+                res.last_node, n, res.draft_valid_len, limit, self.chunk_end_tokens, ids
             )
             if e is not None and limit - (e - 1) <= MAX_BRANCH_CUT:
                 limit = e - 1

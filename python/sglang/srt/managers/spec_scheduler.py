@@ -218,7 +218,7 @@ class SpecScheduler:
                     continue
                 self.stats["spec_prefill_draft_extends"] += 1
                 e = n - 1 if final else n
-                ext.append(req.fill_ids[start + 1 : start + 1 + e])
+                ext.append(req.fill_ids_slice(start + 1, start + 1 + e))
             self._last_plain_decode = False
             return SpecPlan(
                 draft_lens=[0] * len(batch.reqs), draft_extend_ids=ext, draft_keep_rows=keep
@@ -234,7 +234,7 @@ class SpecScheduler:
         for req in batch.reqs:
             if req.draft_len > 0:
                 lo, n = req.draft.draft_kv_len, req.kv_len
-                plan.catchup_ids.append(req.fill_ids[lo + 1 : n + 1])
+                plan.catchup_ids.append(req.fill_ids_slice(lo + 1, n + 1))
                 plan.catchup_prefix_lens.append(lo)
                 plan.catchup_slots.append(kv.req_slots_np(req, lo, n))
             else:
