@@ -268,7 +268,7 @@ def test_chunk_end_tokens_take_only_prefixes_that_end_at_the_node():
     token (read from its prompt or its outputs); one whose prefix stopped short of the node
     (as target-only and draft-valid prefixes with children do) does not, and neither does one
     without a node. Grouped once per prefill batch: a later request joining is not seen until
-    the grouping is reset."""
+    the grouping is reset. The chunked request that the batch continues counts too."""
     from types import SimpleNamespace
 
     from sglang.srt.managers.batch_builder import BatchBuilder
@@ -294,10 +294,13 @@ def test_chunk_end_tokens_take_only_prefixes_that_end_at_the_node():
         running=[at_end, short, in_outputs, done, elsewhere], inflight=None, chunked_req=chunked
     )
     b = BatchBuilder.__new__(BatchBuilder)
-    b.s, b._by_node = sched, None
+    b.s, b._by_node, b._continuing = sched, None, None
     assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11]
     assert b.chunk_end_tokens(other, 4) == [6]
     sched.running.append(req(4, node, [1, 2, 3, 4, 13]))
     assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11]  # the batch's grouping
     b._by_node = None
+    assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11, 13]
+    # the chunked request a prefill batch continues is no longer chunked_req but still counts
+    sched.chunked_req, b._continuing, b._by_node = None, chunked, None
     assert sorted(b.chunk_end_tokens(node, 4)) == [5, 7, 11, 13]

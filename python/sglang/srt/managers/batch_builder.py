@@ -80,6 +80,7 @@ class BatchBuilder:
         )
         self.max_running = sa.max_running_requests
         self._by_node: dict[int, list[Req]] | None = None  # chunk_end_tokens, per prefill batch
+        self._continuing: Req | None = None
         # The last step's sampling rows when every one was greedy without logits processors:
         # (its requests, its SamplingBatchInfo), reused while the same requests decode on.
         self._greedy_info: tuple[list[Req], SamplingBatchInfo] | None = None
@@ -109,8 +110,9 @@ class BatchBuilder:
         if self._by_node is None:
             s, step = self.s, self.s.inflight
             live = [*s.running, *(step.batch.reqs if step is not None else ())]
-            if s.chunked_req is not None:
-                live.append(s.chunked_req)
+            for r in (s.chunked_req, self._continuing):  # the second: this batch continues it
+                if r is not None:
+                    live.append(r)
             by_node: dict[int, list[Req]] = {}
             for r in live:
                 if r.last_node is not None:
@@ -131,6 +133,7 @@ class BatchBuilder:
     def get_new_prefill_batch(self) -> ScheduleBatch | None:
         s = self.s
         self._by_node = None  # chunk_end_tokens' grouping, built on first use
+        self._continuing = None  # the chunked request this batch continues, if any
         if not s.waiting_queue and s.chunked_req is None:
             return None
         if s.inflight is not None and not all(s.inflight.batch.is_final_chunk):
@@ -152,7 +155,7 @@ class BatchBuilder:
             req = s.chunked_req
             if adder.try_add(req, req.kv_len) == 0:
                 return None  # cannot progress the chunk this step; decode instead
-            s.chunked_req = None
+            s.chunked_req, self._continuing = None, req
         for req in self.policy.order(list(s.waiting_queue)):
             prefix = self.match_prefix(req)
             # Locking the matched prefix makes it unevictable: count that before deciding.
