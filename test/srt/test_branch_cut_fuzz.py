@@ -26,6 +26,7 @@ import pytest
 import torch
 from test_deferred_draft_extend import (
     GREEDY,
+    draft_entry_checks,
     prompt,
     spec_scheduler,
     switch_speculation,
@@ -99,28 +100,14 @@ def test_catch_up_never_overwrites_the_entry_of_a_running_chunk_end(
 
 
 # ------------------------------------------------------------------------------------ fuzz
-@torch.no_grad()
 def draft_entries(sched) -> dict:
     """{(rid, retractions, position): (slot, ok)} below each non-stale running request's
-    draft_kv_len (wrong_draft_entries' oracle, per entry)."""
-    w = sched.tp_worker
-    model, pool = w.draft.model, w.draft.kv_pool
-    attn = model.midlayer.self_attn
-    out = {}
-    for r in sched.running:
-        n = r.draft.draft_kv_len
-        if r.req_pool_idx is None or r.draft.stale or n == 0:
-            continue
-        slots = sched.req_to_token_pool.read(r.req_pool_idx, 0, n).to(torch.int64)
-        emb = model.embed_tokens(torch.tensor(r.fill_ids[1 : n + 1], dtype=torch.int64))
-        h = model.project_hidden(w.hidden_pool.read(slots)).to(emb.dtype)
-        x = torch.cat([model.midlayer.input_layernorm(emb), model.midlayer.hidden_norm(h)], -1)
-        v = attn.qkv_proj(x)[0].split([attn.q_size, attn.kv_size, attn.kv_size], -1)[2]
-        got = pool.v_buffer[0][slots].reshape(n, -1)
-        ok = torch.isclose(v.reshape(n, -1), got, rtol=1e-3, atol=1e-4).all(-1)
-        for i in range(n):
-            out[(r.rid, r.num_retractions, i)] = (int(slots[i]), bool(ok[i]))
-    return out
+    draft_kv_len (draft_entry_checks, per entry)."""
+    return {
+        (r.rid, r.num_retractions, i): (int(slots[i]), bool(ok[i]))
+        for r, slots, ok in draft_entry_checks(sched)
+        for i in range(len(ok))
+    }
 
 
 def watch_catch_ups(sched, found: list) -> None:

@@ -500,15 +500,16 @@ def test_catch_up_over_a_target_only_prefix_leaves_its_last_slot_alone(tiny_mode
 
 
 @torch.no_grad()
-def wrong_draft_entries(sched) -> list[tuple[str, int]]:
-    """(rid, position) of every running request's draft KV entry below its draft_kv_len that
-    differs from what that position must hold: EAGLE-3's V at position t is a function of the
-    target hidden state at t (its pool row) and the request's token t + 1 alone, so it is
-    recomputed here from those and compared (a review helper's oracle)."""
+def draft_entry_checks(sched) -> list[tuple]:
+    """(request, slots [n] int64, ok [n] bool) for every running, non-stale request with n =
+    draft_kv_len > 0: whether its draft KV entry at each position below n holds what that
+    position must hold. EAGLE-3's V at position t is a function of the target hidden state at
+    t (its pool row) and the request's token t + 1 alone, so it is recomputed here from those
+    and compared (a review helper's oracle)."""
     w = sched.tp_worker
     model, pool = w.draft.model, w.draft.kv_pool
     attn = model.midlayer.self_attn
-    bad = []
+    out = []
     for r in sched.running:
         n = r.draft.draft_kv_len
         if r.req_pool_idx is None or r.draft.stale or n == 0:
@@ -519,9 +520,16 @@ def wrong_draft_entries(sched) -> list[tuple[str, int]]:
         x = torch.cat([model.midlayer.input_layernorm(emb), model.midlayer.hidden_norm(h)], -1)
         v = attn.qkv_proj(x)[0].split([attn.q_size, attn.kv_size, attn.kv_size], -1)[2]
         got = pool.v_buffer[0][slots].reshape(n, -1)
-        ok = torch.isclose(v.reshape(n, -1), got, rtol=1e-3, atol=1e-4).all(-1)
-        bad += [(r.rid, i) for i in range(n) if not ok[i]]
-    return bad
+        out.append((r, slots, torch.isclose(v.reshape(n, -1), got, rtol=1e-3, atol=1e-4).all(-1)))
+    return out
+
+
+def wrong_draft_entries(sched) -> list[tuple[str, int]]:
+    """(rid, position) of every running request's draft KV entry below its draft_kv_len that
+    differs from what that position must hold (draft_entry_checks)."""
+    return [
+        (r.rid, i) for r, _, ok in draft_entry_checks(sched) for i in range(len(ok)) if not ok[i]
+    ]
 
 
 def off_after_first_turn(tiny_model_dir, draft_dir, **kw) -> tuple:
