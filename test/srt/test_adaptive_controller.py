@@ -36,8 +36,10 @@ def test_all_zero_reuse_window_doubles_up_to_recheck_max():
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
-    cfg = parse_adaptive_config(json.dumps({"recheck_every": 2, "recheck_max": 8}))
-    ctl = AdaptiveController(cfg, K, num_slots=8)
+    # recheck_margin 0: the shrink rule alone (with the default margin a shrink of a choice
+    # this far from paying waits for the window; see the recheck_margin test)
+    cfg = {"recheck_every": 2, "recheck_max": 8, "recheck_margin": 0}
+    ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=8)
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     ctl.time_model = nothing_pays
     reqs = [pending_req(i) for i in range(6)]
@@ -76,7 +78,7 @@ def test_all_zero_choice_survives_small_dips_of_a_large_batch():
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     dips = [64, 63, 57, 55, 64, 60, 58, 57, 56]
     for shrink, expected in ((0.125, [0, 3, 7]), (0.0, [0, 1, 2, 3, 7, 8])):
-        cfg = {"recheck_every": 4, "recheck_max": 4, "recheck_shrink": shrink}
+        cfg = {"recheck_every": 4, "recheck_max": 4, "recheck_shrink": shrink, "recheck_margin": 0}
         ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=64)
         ctl.time_model = nothing_pays
         # 0.125: runs at 0 (the first), 3 (55 < 64 - 8: a shrink, inside the window) and 7
@@ -88,7 +90,8 @@ def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
     """recheck_margin: when the last all-zero run's bound check put drafting at most that
     fraction of the plain rate, a shrink of more than recheck_shrink waits for the window
     (no run, no window reset) unless the batch fell below half; where drafting is close to
-    paying (bound ratio above the margin) a shrink re-runs as without it. Off by default."""
+    paying (bound ratio above the margin) a shrink re-runs as without it. On by default (0.8,
+    thirty-seventh session): None in the config below is the default."""
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
     reqs = [pending_req(i) for i in range(16)]
@@ -98,11 +101,14 @@ def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
     near = synthetic(const=1e-3, spec_on=2.3e-3)
     sizes = [16, 13, 12, 16, 16, 9, 7, 16]
     for margin, model, expected in (
-        (0.0, far, [0, 1, 5, 6]),  # default: 13 < 16 - 2 re-runs, and so do 9 and 7
+        (0.0, far, [0, 1, 5, 6]),  # off: 13 < 16 - 2 re-runs, and so do 9 and 7
         (0.8, far, [0, 6]),  # 13 and 12 wait; 9 is above half of 16; 7 is not
+        (None, far, [0, 6]),  # the default is 0.8
         (0.8, near, [0, 1, 5, 6]),  # the bound ratio is above the margin at 13
     ):
-        cfg = {"recheck_every": 32, "recheck_max": 32, "recheck_margin": margin}
+        cfg = {"recheck_every": 32, "recheck_max": 32}
+        if margin is not None:
+            cfg["recheck_margin"] = margin
         ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=16)
         ctl.time_model = model
         assert policy_runs(ctl, sizes, reqs) == expected, (margin, ctl.reuse.ratio)
@@ -122,8 +128,11 @@ def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     def decide(c, rs, caps):
         return [0] * len(rs) if c.reuse_zero(rs) else c.choose(rs, caps)
 
-    # a fixed window of 3 (recheck_max: see the next test for the doubling)
-    cfg = parse_adaptive_config(json.dumps({"recheck_every": 3, "recheck_max": 3}))
+    # a fixed window of 3 (recheck_max: see the next test for the doubling); recheck_margin 0:
+    # a shrink re-runs however far drafting was from paying
+    cfg = parse_adaptive_config(
+        json.dumps({"recheck_every": 3, "recheck_max": 3, "recheck_margin": 0})
+    )
     ctl = AdaptiveController(cfg, K, num_slots=8)
     nothing_pays = synthetic(const=1e-3, verify_tokens=1e-4, spec_on=1.0)
     ctl.time_model = nothing_pays

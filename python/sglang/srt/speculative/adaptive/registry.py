@@ -13,7 +13,7 @@ The config is a JSON object (inline, or the path of a file holding one); every k
      "recheck_shrink": 0.125,                    # "shrinks": by more than this fraction of
                                                  # the batch the policy last ran on (floor;
                                                  # below 8 requests any shrink)
-     "recheck_margin": 0.0,                      # > 0: while the last all-zero run's bound
+     "recheck_margin": 0.8,                      # > 0: while the last all-zero run's bound
                                                  # put drafting at most this fraction of the
                                                  # plain rate, a shrink re-runs the policy
                                                  # only below half that batch (0: off)
@@ -76,7 +76,7 @@ class AdaptiveConfig:
     recheck_every: int = 4
     recheck_max: int = 128
     recheck_shrink: float = 0.125
-    recheck_margin: float = 0.0
+    recheck_margin: float = 0.8
     initial_accept: float = 0.7
     server_prior_count: float = 8.0
     prior_strength: float = 4.0

@@ -1,0 +1,53 @@
+"""benchmark/profile_policy_runs.py: policy runs per step under churn, by recheck_margin."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
+
+import profile_policy_runs  # noqa: E402
+
+
+def test_margin_cuts_shrink_reruns_under_churn():
+    """Batch 2, requests of 30-40 tokens topped up every step, the H200 fit (drafting does not
+    pay): with recheck_margin 0 a finished request re-runs the policy; with 0.8 the same
+    request stream runs it less often, and neither drafts."""
+    out = profile_policy_runs.main(
+        [
+            "--batch-sizes",
+            "2",
+            "--margins",
+            "0",
+            "0.8",
+            "--rounds",
+            "1",
+            "--steps-per-request",
+            "40",
+            "--output-lens",
+            "30",
+            "40",
+        ]
+    )
+    summary = out["results"]["bs2"]["summary"]
+    assert set(summary) == {"plain", "margin_0", "margin_0.8"}
+    off, on = summary["margin_0"], summary["margin_0.8"]
+    assert off["drafting_steps"] == [0] and on["drafting_steps"] == [0]
+    # 80 steps, a request finishing every ~17: more runs than the 128-step windows alone give
+    assert off["policy_runs_per_step"][0] > 0.04
+    assert 0 < on["policy_runs_per_step"][0] < off["policy_runs_per_step"][0]
+    assert 0 < on["zero_bound_ratio"][0] <= 0.8
+    assert "policy_runs_per_step" not in summary["plain"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--margins", "1.5"], ["--output-lens", "9", "3"], ["--rounds", "0"]],
+)
+def test_bad_arguments_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as e:
+        profile_policy_runs.main(argv)
+    assert e.value.code == 2
