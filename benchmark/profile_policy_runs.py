@@ -20,10 +20,11 @@ model (online correction off): by default the coefficients the H200 SmolLM2 adap
 had fitted at c = 8 (thirty-sixth session, round 0 of that point), under which drafting does
 not pay at these batch sizes. After a warm-up of 3 x batch-size steps the heap is frozen (as
 the server does) and --steps-per-request x batch-size steps are measured: policy runs per
-forward step, the last bound ratio, the request-steps that drafted, and the scheduler's `plan`
-phase (HostPhases, microseconds per step; the policy runs inside it). A plain scheduler (no
-speculation) gives the baseline `plan`. Each configuration keeps its lowest `plan` of the
-rounds (they alternate, each round on the same request stream).
+forward step, the last bound ratio, the request-steps that drafted, and the scheduler's host
+phases `plan` (the policy runs inside it), `build`, `commit` and `flush` (HostPhases,
+microseconds per step; `launch` is left out: on the CPU it holds the model's forward). A plain
+scheduler (no speculation) gives the baseline. Each configuration keeps each phase's lowest
+value over the rounds (they alternate, each round on the same request stream).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import json
 
 import numpy as np
 from bench_common import append_run, git_commit_of_cwd, tiny_target_and_draft
+
+PHASES = ("plan", "build", "commit", "flush")  # the scheduler's host phases reported
 
 # The step-time coefficients (seconds per unit) of the SmolLM2 adaptive server on the H200 at
 # c = 8, round 0 (paired_smollm2_h200_s36.json, server_state.spec_step_time_coef).
@@ -86,14 +89,17 @@ def measure(
     ctl = s.spec.adaptive if s.spec is not None else None
     runs0 = ctl.num_policy_runs if ctl is not None else 0
     steps0 = s.stats["forward_steps"]
-    plan0 = s.phases.seconds["plan"]
+    phases0 = dict(s.phases.seconds)
     drafting0 = s.spec.stats["spec_drafting_steps"] if s.spec is not None else 0
     run(steps_per_request * bs)
     gc.unfreeze()
     steps = s.stats["forward_steps"] - steps0
     out = {
         "steps": steps,
-        "plan_us_per_step": round(1e6 * (s.phases.seconds["plan"] - plan0) / steps, 1),
+        **{
+            f"{k}_us_per_step": round(1e6 * (s.phases.seconds[k] - phases0[k]) / steps, 1)
+            for k in PHASES
+        },
     }
     if ctl is not None:
         info = ctl.info()
@@ -134,7 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--output-lens needs 1 <= low <= high, got {a.output_lens}")
     if any(not 0 <= m <= 0.99 for m in a.margins):
         p.error(f"--margins must lie in [0, 0.99] (recheck_margin's range), got {a.margins}")
-    coef = json.loads(a.time_model) if a.time_model else H200_SMOLLM2_C8
+    coef = H200_SMOLLM2_C8
+    if a.time_model:
+        try:
+            coef = json.loads(a.time_model)
+        except json.JSONDecodeError as e:
+            p.error(f"--time-model is not JSON: {e}")
+        from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
+
+        try:  # what the server would refuse (unknown features, negative coefficients, ...)
+            parse_adaptive_config(json.dumps({"time_model": coef}))
+        except ValueError as e:
+            p.error(f"--time-model: {e}")
     model, draft = tiny_target_and_draft()
     configs: dict[str, dict] = {"plain": {}}
     for m in a.margins:
@@ -156,7 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
                 )
         summary = {}
         for name, rs in rounds.items():
-            summary[name] = {"plan_us_per_step_min": min(x["plan_us_per_step"] for x in rs)}
+            summary[name] = {
+                f"{k}_us_per_step_min": min(x[f"{k}_us_per_step"] for x in rs) for k in PHASES
+            }
             if "policy_runs_per_step" in rs[0]:
                 summary[name]["policy_runs_per_step"] = [x["policy_runs_per_step"] for x in rs]
                 summary[name]["zero_bound_ratio"] = [x["zero_bound_ratio"] for x in rs]

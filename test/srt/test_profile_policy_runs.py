@@ -45,9 +45,16 @@ def test_margin_cuts_shrink_reruns_under_churn():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--margins", "1.5"], ["--output-lens", "9", "3"], ["--rounds", "0"]],
+    [
+        ["--margins", "1.5"],
+        ["--output-lens", "9", "3"],
+        ["--rounds", "0"],
+        ["--time-model", "{bad"],
+        ["--time-model", '{"foo": 1}'],
+    ],
 )
 def test_bad_arguments_are_usage_errors(argv):
+    """Refused before any model loads, with argparse's usage error (exit code 2)."""
     with pytest.raises(SystemExit) as e:
         profile_policy_runs.main(argv)
     assert e.value.code == 2
