@@ -125,6 +125,11 @@
 #                                    # with 1), c = HEAP_CONC (1 64), CPU sets rotated,
 #                                    # HEAP_ROUNDS (6), fresh processes every HEAP_RESTART (3)
 #                                    # rounds; DIAG_BOX_S (560) bounds every part
+#   bash scripts/gpu_diagnose.sh RM  # the recheck_margin default and the thirty-sixth
+#                                    # session's c = 2 / 8 gap (thirty-seventh session):
+#                                    # SmolLM2 no_spec, its twin, adaptive (margin 0.8) and
+#                                    # adaptive_m0 (margin 0), c = RM_CONC (2 8), RM_ROUNDS
+#                                    # (4), CPU sets rotated, RM_RESTART: fresh processes
 #   bash scripts/gpu_diagnose.sh VD  # verify attention as decodes (thirty-second session,
 #                                    # SGLANG_TRITON_VERIFY_DECODE): its GPU tests, then
 #                                    # SmolLM2 bs 1 static K = 3 with it 0, 1, 0, 1 (step,
@@ -152,7 +157,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|VD|VA|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|RM|VD|VA|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -625,6 +630,32 @@ for r in json.load(open(sys.argv[1]))['rows']:
       --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
     cp "$D"/paired_smollm2_ab_"$TAG".{md,json} "$OUT"/ 2>/dev/null
     rm -rf "$D/plogs"
+    ;;
+  RM)  # issue 7 (thirty-seventh session): the thirty-sixth session's SmolLM2 run had the adaptive
+    # server below 0.97 at c = 2 and 8 with one process per configuration on fixed cores, and
+    # slower in every host phase, shared ones included. Two servers of each kind: no_spec and
+    # its A/A twin, adaptive with recheck_margin 0 (the old default) and adaptive (0.8 since
+    # 6a3306e), cores rotated every round, c = RM_CONC (2 8), RM_ROUNDS (4) rounds; fresh
+    # processes every RM_RESTART rounds when set. spec_policy_runs per point tells the margin's
+    # effect; benchmark/host_phase_deltas.py splits each point's launch into prefill and decode.
+    rm0="--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive"
+    rm0="$rm0 --speculative-adaptive-config '{\"recheck_margin\": 0}'"
+    # shellcheck disable=SC2086  # RM_CONC is a list of concurrencies
+    timeout -k 10 "$(box 540)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive no_spec_b adaptive_m0 --add-config no_spec_b= \
+      --add-config "adaptive_m0=$rm0" --concurrency ${RM_CONC:-2 8} --rounds "${RM_ROUNDS:-4}" \
+      --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --rotate-cpu-sets \
+      ${RM_RESTART:+--restart-every "$RM_RESTART"} --server-args "--attention-backend triton" \
+      --deadline-s "$(( $(left) - 20 ))" --result-file "$D/paired_smollm2_rm_$TAG.json" \
+      --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
+    cp "$D"/paired_smollm2_rm_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    python3 benchmark/host_phase_deltas.py "$D/paired_smollm2_rm_$TAG.json" 2>&1 | tail -30
+    rm -rf "$D/plogs"
+    # In process, both modes: does an adaptive prefill step launch slower (s36 serving: 2.3-2.7
+    # against 0.6-0.9 ms per prefill step at c = 2)? The TTFT timeline has each step's launch ms.
+    profile "decode_step_smollm2_bs8_ttft_$TAG" 150 --batch-size 8 --steps 32 --ttft-rounds 8 \
+      --attention-backend triton
+    cp "$D/decode_step_smollm2_bs8_ttft_$TAG.json" "$OUT"/ 2>/dev/null
     ;;
   HEAP)  # thirty-second session: the scheduler's heap on huge pages. Pinned in-process batch-1
     # runs were faster with `malloc` in 5 of 6 pairs, but on the CPU machine `malloc` made

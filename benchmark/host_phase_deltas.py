@@ -1,0 +1,98 @@
+"""Each point's scheduler host time split into prefill and decode steps, from a paired_serving.py
+result (its servers' cumulative counters, read before and after every point):
+
+    python benchmark/host_phase_deltas.py benchmark/results/paired_smollm2_h200_s36.json \
+        [--concurrency 2 8] [--phases launch plan commit]
+
+Why: a point's `host_us_per_step` averages every forward step, and `<phase>_extend` (the part
+spent on prefill steps) is averaged over all steps too, so a server that runs fewer, larger
+prefill steps and one whose every prefill step costs more look alike. Here, per point and
+phase: ms per prefill step (host_s_<phase>_extend / prefill steps) and us per decode step
+((host_s_<phase> - host_s_<phase>_extend) / decode steps), with the point's prefill steps,
+requests per prefill step and forward steps. A point's counters are the differences between
+its server_state and the previous point's of the same server instance (paired_serving.py
+records the state after each point; the first point of an instance is taken from the server's
+start, so it includes the warm-up requests' steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+COUNTERS = ("forward_steps", "prefill_steps", "prefill_reqs")
+
+
+def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
+    """One row per point that has a server_state: (config, instance, round, concurrency), the
+    counter differences (COUNTERS) and, per phase, ms per prefill step and us per decode step
+    (None where the point had no step of that kind). Points are taken in their run order
+    (as listed), each against the previous one of the same configuration and instance."""
+    prev: dict[tuple, dict] = {}
+    rows = []
+    for p in points:
+        state = p.get("server_state")
+        if not state or "forward_steps" not in state:
+            continue
+        key = (p["config"], p.get("instance", 0))
+        before = prev.get(key, {})
+        prev[key] = state
+
+        def delta(name: str, state: dict = state, before: dict = before) -> float:
+            return state.get(name, 0) - before.get(name, 0)
+
+        d = {c: int(delta(c)) for c in COUNTERS}
+        decode_steps = d["forward_steps"] - d["prefill_steps"]
+        row = {
+            "config": p["config"],
+            "instance": p.get("instance", 0),
+            "round": p.get("round"),
+            "concurrency": p["concurrency"],
+            **d,
+            "output_tok_s": p.get("output_throughput"),
+        }
+        for ph in phases:
+            ext = delta(f"host_s_{ph}_extend")
+            total = delta(f"host_s_{ph}")
+            row[f"{ph}_ms_per_prefill"] = (
+                round(1e3 * ext / d["prefill_steps"], 3) if d["prefill_steps"] > 0 else None
+            )
+            row[f"{ph}_us_per_decode"] = (
+                round(1e6 * (total - ext) / decode_steps, 1) if decode_steps > 0 else None
+            )
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("result_file", help="a paired_serving.py result JSON")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, help="default: all")
+    p.add_argument("--phases", nargs="+", default=["launch", "plan", "commit"])
+    a = p.parse_args(argv)
+    extend_phases = ("plan", "build", "launch", "commit")  # host_phases.EXTEND_PHASES
+    bad = [ph for ph in a.phases if ph not in extend_phases]
+    if bad:
+        p.error(f"--phases: {bad} have no prefill part; choose from {list(extend_phases)}")
+    try:
+        with open(a.result_file) as f:
+            points = json.load(f)["points"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        p.error(f"{a.result_file}: not a paired_serving.py result ({type(e).__name__}: {e})")
+    rows = point_deltas(points, tuple(a.phases))
+    if a.concurrency:
+        rows = [r for r in rows if r["concurrency"] in a.concurrency]
+    cols = ["concurrency", "config", "instance", "round", "forward_steps", "prefill_steps"]
+    cols += ["prefill_reqs"]
+    for ph in a.phases:
+        cols += [f"{ph}_ms_per_prefill", f"{ph}_us_per_decode"]
+    print("\t".join(cols))
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["config"], r["round"])):
+        print("\t".join("-" if r[c] is None else str(r[c]) for c in cols))
+    sys.stdout.flush()
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""benchmark/host_phase_deltas.py: per-point prefill / decode split of the host phases."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
+
+from host_phase_deltas import main, point_deltas  # noqa: E402
+
+
+def _point(config, instance, rnd, c, steps, prefills, reqs, launch_s, launch_ext_s):
+    return {
+        "config": config,
+        "instance": instance,
+        "round": rnd,
+        "concurrency": c,
+        "output_throughput": 100.0,
+        "server_state": {
+            "forward_steps": steps,
+            "prefill_steps": prefills,
+            "prefill_reqs": reqs,
+            "host_s_launch": launch_s,
+            "host_s_launch_extend": launch_ext_s,
+        },
+    }
+
+
+def test_each_point_is_split_against_the_previous_point_of_its_instance():
+    points = [
+        _point("a", 0, 0, 2, 1000, 10, 12, 1.0, 0.02),  # from the server's start
+        _point("b", 0, 0, 2, 500, 5, 5, 0.3, 0.01),
+        _point("a", 0, 0, 8, 1600, 30, 40, 1.6, 0.08),  # + 600 steps, 20 prefills
+        _point("a", 1, 1, 2, 200, 4, 4, 0.1, 0.004),  # a fresh instance starts over
+    ]
+    rows = point_deltas(points, ("launch",))
+    a8 = next(r for r in rows if r["config"] == "a" and r["concurrency"] == 8)
+    assert (a8["forward_steps"], a8["prefill_steps"], a8["prefill_reqs"]) == (600, 20, 28)
+    assert a8["launch_ms_per_prefill"] == pytest.approx(1e3 * 0.06 / 20)  # 3.0 ms
+    assert a8["launch_us_per_decode"] == pytest.approx(1e6 * (0.6 - 0.06) / 580, abs=0.05)
+    a1 = next(r for r in rows if r["config"] == "a" and r["instance"] == 1)
+    assert a1["forward_steps"] == 200 and a1["launch_ms_per_prefill"] == pytest.approx(1.0)
+    b = next(r for r in rows if r["config"] == "b")
+    assert b["launch_us_per_decode"] == pytest.approx(1e6 * 0.29 / 495, abs=0.05)
+
+
+def test_a_point_without_prefills_has_no_prefill_figure(tmp_path):
+    points = [
+        _point("a", 0, 0, 2, 100, 2, 2, 0.1, 0.002),
+        _point("a", 0, 1, 2, 150, 2, 2, 0.15, 0.002),
+    ]
+    rows = point_deltas(points, ("launch",))
+    assert rows[1]["prefill_steps"] == 0 and rows[1]["launch_ms_per_prefill"] is None
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"points": points}))
+    assert len(main([str(path), "--phases", "launch"])) == 2
+
+
+@pytest.mark.parametrize("argv", [["--phases", "flush"], []])
+def test_bad_input_is_a_usage_error(tmp_path, argv):
+    path = tmp_path / "r.json"
+    path.write_text("{}")  # no points: not a paired result
+    with pytest.raises(SystemExit) as e:
+        main([str(path), *argv])
+    assert e.value.code == 2
