@@ -1,5 +1,5 @@
-"""How often an adaptive scheduler runs its goodput policy under churn, and what that costs the
-scheduler's `plan` phase, for `recheck_margin` values (CPU machine, no GPU needed):
+"""How often an adaptive scheduler runs its goodput policy under churn, and what its host phases
+cost against a plain scheduler's, for `recheck_margin` values (CPU machine, no GPU needed):
 
     python benchmark/profile_policy_runs.py --batch-sizes 2 8 --margins 0 0.8 \
         --result-file benchmark/results/policy_runs_cpu.json
@@ -22,9 +22,10 @@ not pay at these batch sizes. After a warm-up of 3 x batch-size steps the heap i
 the server does) and --steps-per-request x batch-size steps are measured: policy runs per
 forward step, the last bound ratio, the request-steps that drafted, and the scheduler's host
 phases `plan` (the policy runs inside it), `build`, `commit` and `flush` (HostPhases,
-microseconds per step; `launch` is left out: on the CPU it holds the model's forward). A plain
-scheduler (no speculation) gives the baseline. Each configuration keeps each phase's lowest
-value over the rounds (they alternate, each round on the same request stream).
+microseconds per step; left out: `launch`, which on the CPU holds the model's forward,
+`resolve`, the wait for a step's result, and `recv`, the tokenizer's socket, absent in
+process). A plain scheduler (no speculation) gives the baseline. Each configuration keeps each
+phase's lowest value over the rounds (they alternate, each round on the same request stream).
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="JSON step-time coefficients (default: the H200 SmolLM2 fit at c = 8)",
     )
+    p.add_argument(
+        "--extra-config",
+        default=None,
+        help="JSON object merged into every adaptive configuration's "
+        "--speculative-adaptive-config (e.g. '{\"initial_accept\": 0.5}')",
+    )
     p.add_argument("--label", default="current tree")
     p.add_argument("--result-file", default=None)
     a = p.parse_args(argv)
@@ -138,10 +145,12 @@ def main(argv: list[str] | None = None) -> dict:
         p.error("--steps-per-request, --rounds and --batch-sizes must be >= 1")
     if not 1 <= a.output_lens[0] <= a.output_lens[1]:
         p.error(f"--output-lens needs 1 <= low <= high, got {a.output_lens}")
+    if len({f"{m:g}" for m in a.margins}) < len(a.margins):
+        p.error(f"--margins names a value twice: {a.margins}")
     if any(not 0 <= m <= 0.99 for m in a.margins):
         p.error(f"--margins must lie in [0, 0.99] (recheck_margin's range), got {a.margins}")
     coef = H200_SMOLLM2_C8
-    if a.time_model:
+    if a.time_model is not None:
         try:
             coef = json.loads(a.time_model)
         except json.JSONDecodeError as e:
@@ -152,10 +161,21 @@ def main(argv: list[str] | None = None) -> dict:
             parse_adaptive_config(json.dumps({"time_model": coef}))
         except ValueError as e:
             p.error(f"--time-model: {e}")
+    extra = {}
+    if a.extra_config is not None:
+        from sglang.srt.speculative.adaptive.registry import parse_adaptive_config
+
+        try:
+            extra = json.loads(a.extra_config)
+            parse_adaptive_config(json.dumps(extra))  # what the server would refuse
+        except ValueError as e:  # (json.JSONDecodeError is a ValueError)
+            p.error(f"--extra-config: {e}")
+        if not isinstance(extra, dict):
+            p.error(f"--extra-config must be a JSON object, got {a.extra_config!r}")
     model, draft = tiny_target_and_draft()
     configs: dict[str, dict] = {"plain": {}}
     for m in a.margins:
-        cfg = {"time_model": coef, "online_correction": False, "recheck_margin": m}
+        cfg = {**extra, "time_model": coef, "online_correction": False, "recheck_margin": m}
         configs[f"margin_{m:g}"] = dict(
             speculative_algorithm="EAGLE3",
             speculative_draft_model_path=draft,
@@ -190,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
             "rounds": a.rounds,
             "output_lens": a.output_lens,
             "time_model": coef,
+            "extra_config": extra,
         },
         "results": per_bs,
     }

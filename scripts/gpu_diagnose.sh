@@ -108,7 +108,7 @@
 #   bash scripts/gpu_diagnose.sh WU  # the warm-up fit with catch-up steps (twenty-seventh
 #                                    # session): benchmark/check_warmup_fit.py (measured over
 #                                    # predicted synthetic steps, catch-ups 1 / 64 / 200), then
-#                                    # no_spec / adaptive / adaptive_rm (recheck_margin 0.8)
+#                                    # no_spec / adaptive / adaptive_m0 (recheck_margin 0)
 #                                    # paired at c = 256 and 16 (WU_CONC), WU_ROUNDS (6)
 #                                    # rounds, and the servers' warm-up fits
 #   bash scripts/gpu_diagnose.sh HP  # host_probe.py (twenty-ninth session): SmolLM2
@@ -561,11 +561,13 @@ for r in json.load(open(sys.argv[1]))['rows']:
       --result-file "$D/warmup_fit_$TAG.json" > "$D/warmup_fit_$TAG.log" 2>&1
     echo "warm-up fit rc=$?"; grep -E "measured_over|draft_tokens" "$D/warmup_fit_$TAG.log" | tail -30
     cp "$D/warmup_fit_$TAG.json" "$OUT"/ 2>/dev/null
+    # (the twenty-eighth session ran adaptive_rm, recheck_margin 0.8; that is the default since
+    # the thirty-seventh, so the third server now has the margin off)
     rm_cfg='--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive'
-    rm_cfg="$rm_cfg --speculative-adaptive-config '{\"recheck_margin\":0.8}'"
+    rm_cfg="$rm_cfg --speculative-adaptive-config '{\"recheck_margin\":0}'"
     # shellcheck disable=SC2086  # WU_CONC is a list of concurrencies
     timeout -k 10 "$(box 420)" python3 benchmark/paired_serving.py --preset smollm2 \
-      --configs no_spec adaptive adaptive_rm --add-config "adaptive_rm=$rm_cfg" \
+      --configs no_spec adaptive adaptive_m0 --add-config "adaptive_m0=$rm_cfg" \
       --concurrency ${WU_CONC:-256 16} --rounds "${WU_ROUNDS:-6}" \
       --cpu-sets 0-3 4-7 8-11 --client-cpus 12-15 --deadline-s "$(( $(left) - 30 ))" \
       --result-file "$D/paired_smollm2_warmup_$TAG.json" --log-dir "$D/plogs" 2>&1 \

@@ -117,6 +117,36 @@ def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
         assert ctl.info()["spec_policy_runs"] == len(expected)
 
 
+def test_recheck_margin_re_runs_when_the_requests_that_stay_could_pay():
+    """recheck_margin keeps an all-zero choice over a shrink only when ratio * old batch <=
+    new batch, which the bound check's own assumptions make safe whichever requests left.
+    A review's case: 16 requests, 8 with acceptance 0.9 and 8 with 0.05, bound ratio 0.79;
+    when the 8 poor ones finish, drafting pays for the 8 that stay (the old rule, half the
+    batch or more, reused the zeros for up to a window). A shrink to 13 is provably safe
+    (0.79 x 16 / 13 < 1): reused with the margin, re-run (to zeros again) without."""
+    from sglang.srt.speculative.adaptive.controller import AdaptiveController
+
+    reqs = [pending_req(i) for i in range(16)]
+    alphas = np.array([[0.9] * K] * 8 + [[0.05] * K] * 8)  # by request slot
+    for margin, expected in ((None, ["zeros", "reuse", "drafts"]), (0, ["zeros"] * 2 + ["drafts"])):
+        cfg = {"recheck_every": 32, "recheck_max": 128}
+        if margin is not None:
+            cfg["recheck_margin"] = margin
+        ctl = AdaptiveController(parse_adaptive_config(json.dumps(cfg)), K, num_slots=16)
+        ctl.time_model = synthetic(const=1e-3, spec_on=2.25e-3)
+        ctl.tracker.alphas = lambda slots: alphas[slots]
+        seen = []
+        for batch in (reqs, reqs[:13], reqs[:8]):
+            if ctl.reuse_zero(batch):
+                seen.append("reuse")
+                continue
+            d = ctl.choose(batch, [K] * len(batch))
+            seen.append("drafts" if any(d) else "zeros")
+            if len(batch) == 16:
+                assert 0.75 < ctl.reuse.ratio < 0.8  # within the default margin
+        assert seen == expected, margin
+
+
 def test_all_zero_choice_is_reused_until_the_batch_shrinks_or_the_recheck():
     """recheck_every: an all-zero decision skips the policy (and the caps) for the next
     recheck_every - 1 steps while the batch has at least as many requests (new requests,

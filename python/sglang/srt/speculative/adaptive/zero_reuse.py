@@ -7,7 +7,9 @@ each request's cap) off almost every step. A heuristic with a bounded delay: a l
 a newly joined request (at the server-wide acceptance prior) can make drafting pay, and that is
 then seen at the recheck, at most one window late (recheck_max - 1 steps, 127 by default, once
 the policy has kept choosing zeros for a while), and so is a batch that shrank by less than
-recheck_shrink; a batch that shrank more re-runs the policy at once and resets the window. The
+recheck_shrink; a batch that shrank more re-runs the policy at once and resets the window,
+unless the last run's bound check shows that drafting cannot pay at the smaller batch either
+(recheck_margin, far_from_paying). The
 fixed and tiers baselines are never reused (they cost almost nothing and must do what they are
 configured to do, e.g. a tier table that drafts more for larger batches). Zeros are within any
 caps.
@@ -50,14 +52,32 @@ class ZeroReuse:
         self.left = 0
 
     def far_from_paying(self, bs: int) -> bool:
-        """margin > 0 and the last all-zero run's bound check put the best drafting rate at
-        most that fraction of the plain rate, for a batch bs at least half of the one it ran
-        on: a shrink then waits for the window instead of re-running the policy and resetting
-        the window. Under churn at bs 16 (CPU machine, requests finishing and joining every few
-        steps) shrink-triggered runs and the window resets they cause made the policy run on
-        0.083 of the steps, ~330 us a run."""
+        """Whether a shrink to bs requests may keep the last all-zero choice: margin > 0, the
+        last all-zero run's bound check put the best drafting rate at most `margin` of the
+        plain rate (ratio), bs is at least half of the batch it ran on (self.bs), and ratio *
+        self.bs <= bs.
+
+        The last condition makes the skip safe under the bound check's own assumptions
+        (GoodputPolicy._bound_rates: a step-time model linear in the features with
+        non-negative coefficients, each request's acceptance estimate unchanged): for the
+        bs requests that remain, the bound's ratio is at most ratio * self.bs / bs, whichever
+        requests left (those that remain can carry all the gains; their steps save the same
+        plain cost Delta in the plain and the drafting time, and T0 / D <= (T0 + Delta) / (D +
+        Delta) for a plain time T0 below a drafting time D). So when it is at most 1, the bound
+        check would rule drafting out at bs too, and re-running the policy would choose zeros
+        again. Without it, a review found a shrink from 16 to 8 requests, the 8 that left with
+        acceptance 0.05 and those that stayed with 0.9, where drafting then paid +26% and was
+        found 127 steps late (ratio 0.79 at 16). Under churn at bs 16 (CPU machine, requests
+        finishing and joining every few steps) shrink-triggered runs and the window resets they
+        cause made the policy run on 0.083 of the steps, ~330 us a run."""
         ratio, margin = self.ratio, self.margin
-        return margin > 0 and ratio is not None and ratio <= margin and 2 * bs >= self.bs
+        return (
+            margin > 0
+            and ratio is not None
+            and ratio <= margin
+            and 2 * bs >= self.bs
+            and ratio * self.bs <= bs
+        )
 
     def shrunk(self, bs: int) -> bool:
         """Whether a batch of bs requests is smaller than the one the last all-zero run saw
@@ -67,8 +87,8 @@ class ZeroReuse:
         every dip re-ran the policy and reset its window, the policy ran on about a third of
         the steps at batch 64 (CPU machine, staggered requests; ~0.5 ms per run there). A dip
         that small barely changes what a step costs per request, so it waits for the recheck;
-        a real shrink (a burst draining) still re-runs at once, unless `margin` says drafting
-        was far from paying (far_from_paying)."""
+        a real shrink (a burst draining) still re-runs at once, unless the last run's bound
+        shows that drafting cannot pay at the smaller batch either (far_from_paying)."""
         # + 1e-9: a fraction such as 0.29 of 100 is 28.999... in floating point, not 29
         cut = math.floor(self.bs * self.shrink + 1e-9)
         return bs < self.bs - cut and not self.far_from_paying(bs)
