@@ -170,8 +170,11 @@ left() { echo $((${DIAG_BOX_S:-560} - ($(date +%s) - T0))); }
 box() { local s; s=$(left); [ "$1" -lt "$s" ] && s=$1; echo "$s"; }
 
 pyspy_ready() {
+  # the wheel may ride in .device/x or, where a model part leaves .device/x no room, in
+  # .device/w, whose install.sh puts the executable in /tmp/site/bin
+  [ ! -x "$PYSPY" ] && [ -x /tmp/site/bin/py-spy ] && PYSPY=/tmp/site/bin/py-spy
   [ -x "$PYSPY" ] || python3 -m pip install -q --no-index --no-deps --upgrade \
-    --target /tmp/pyspy .device/x/py_spy-*.whl
+    --target /tmp/pyspy .device/[xw]/py_spy-*.whl
   [ -x "$PYSPY" ]
 }
 
