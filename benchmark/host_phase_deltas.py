@@ -2,7 +2,7 @@
 result (its servers' cumulative counters, read before and after every point):
 
     python benchmark/host_phase_deltas.py benchmark/results/paired_smollm2_h200_s36.json \
-        [--concurrency 2 8] [--phases launch plan commit]
+        [--concurrency 2 8] [--phases launch plan commit] [--excess-over no_spec]
 
 Why: a point's `host_us_per_step` averages every forward step, and `<phase>_extend` (the part
 spent on prefill steps) is averaged over all steps too, so a server that runs fewer, larger
@@ -65,11 +65,40 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
     return rows
 
 
+def excess_over(rows: list[dict], base: str, phases: tuple[str, ...]) -> list[dict]:
+    """Each other configuration's per-phase figures minus `base`'s in the same round and
+    concurrency (rows of point_deltas), for the points both have: `<phase>_ms_per_prefill`
+    and `<phase>_us_per_decode` differences (None where either is None), with the
+    configuration's policy runs left out. Raises ValueError when no row has config `base`."""
+    by_key = {(r["round"], r["concurrency"]): r for r in rows if r["config"] == base}
+    if not by_key:
+        raise ValueError(f"no point of configuration {base!r}")
+    out = []
+    for r in rows:
+        b = by_key.get((r["round"], r["concurrency"]))
+        if r["config"] == base or b is None:
+            continue
+        d = {k: r[k] for k in ("config", "instance", "round", "concurrency")}
+        for ph in phases:
+            for kind in ("ms_per_prefill", "us_per_decode"):
+                k = f"{ph}_{kind}"
+                d[k] = None if r[k] is None or b[k] is None else round(r[k] - b[k], 3)
+        out.append(d)
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("result_file", help="a paired_serving.py result JSON")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="default: all")
     p.add_argument("--phases", nargs="+", default=["launch", "plan", "commit"])
+    p.add_argument(
+        "--excess-over",
+        default=None,
+        metavar="CONFIG",
+        help="print each other configuration's figures minus CONFIG's in the same round and "
+        "concurrency instead",
+    )
     a = p.parse_args(argv)
     extend_phases = ("plan", "build", "launch", "commit")  # host_phases.EXTEND_PHASES
     bad = [ph for ph in a.phases if ph not in extend_phases]
@@ -85,6 +114,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = [r for r in rows if r["concurrency"] in a.concurrency]
     cols = ["concurrency", "config", "instance", "round", "forward_steps", "prefill_steps"]
     cols += ["prefill_reqs"]
+    if a.excess_over is not None:
+        try:
+            rows = excess_over(rows, a.excess_over, tuple(a.phases))
+        except ValueError as e:
+            p.error(f"--excess-over: {e}")
+        cols = cols[:4]
     for ph in a.phases:
         cols += [f"{ph}_ms_per_prefill", f"{ph}_us_per_decode"]
     print("\t".join(cols))

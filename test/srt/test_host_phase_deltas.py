@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
 
-from host_phase_deltas import main, point_deltas  # noqa: E402
+from host_phase_deltas import excess_over, main, point_deltas  # noqa: E402
 
 
 def _point(config, instance, rnd, c, steps, prefills, reqs, launch_s, launch_ext_s):
@@ -66,4 +66,23 @@ def test_bad_input_is_a_usage_error(tmp_path, argv):
     path.write_text("{}")  # no points: not a paired result
     with pytest.raises(SystemExit) as e:
         main([str(path), *argv])
+    assert e.value.code == 2
+
+
+def test_excess_over_pairs_points_by_round_and_concurrency(tmp_path):
+    points = [
+        _point("base", 0, 0, 2, 1000, 10, 10, 1.0, 0.01),  # 1 ms per prefill, 1000 us/decode
+        _point("x", 0, 0, 2, 1000, 10, 10, 1.2, 0.03),  # 3 ms per prefill
+        _point("x", 0, 0, 8, 1500, 10, 10, 1.5, 0.03),  # no base point at c = 8: left out
+    ]
+    rows = excess_over(point_deltas(points, ("launch",)), "base", ("launch",))
+    assert len(rows) == 1 and rows[0]["config"] == "x"
+    assert rows[0]["launch_ms_per_prefill"] == pytest.approx(2.0)
+    assert rows[0]["launch_us_per_decode"] == pytest.approx(1e6 * 0.18 / 990, abs=0.11)
+    with pytest.raises(ValueError, match="nope"):
+        excess_over(rows, "nope", ("launch",))
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"points": points}))
+    with pytest.raises(SystemExit) as e:
+        main([str(path), "--excess-over", "nope"])
     assert e.value.code == 2
