@@ -15,8 +15,9 @@ The config is a JSON object (inline, or the path of a file holding one); every k
                                                  # below 8 requests any shrink)
      "recheck_margin": 0.8,                      # > 0: while the last all-zero run's bound
                                                  # put drafting at most this fraction of the
-                                                 # plain rate, a shrink re-runs the policy
-                                                 # only below half that batch (0: off)
+                                                 # plain rate, a shrink keeps the choice if
+                                                 # at least half the batch is left and
+                                                 # ratio x old batch <= new (0: off)
      "initial_accept": 0.7,                      # server-wide acceptance before any data
      "server_prior_count": 8, "prior_strength": 4,
      "server_accept_decay": 0.999, "request_accept_decay": 0.95,
