@@ -646,15 +646,15 @@ for r in json.load(open(sys.argv[1]))['rows']:
     rm0="--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive"
     rm0="$rm0 --speculative-adaptive-config '{\"recheck_margin\": 0}'"
     # shellcheck disable=SC2086  # RM_CONC is a list of concurrencies
-    timeout -k 10 "$(box 540)" python3 benchmark/paired_serving.py --preset smollm2 \
+    timeout -k 10 "$(box 390)" python3 benchmark/paired_serving.py --preset smollm2 \
       --configs no_spec adaptive no_spec_b adaptive_m0 --add-config no_spec_b= \
       --add-config "adaptive_m0=$rm0" --concurrency ${RM_CONC:-2 8} --rounds "${RM_ROUNDS:-4}" \
       --cpu-sets 0-2 3-5 6-8 9-11 --client-cpus 12-13 --rotate-cpu-sets \
       ${RM_RESTART:+--restart-every "$RM_RESTART"} --server-args "--attention-backend triton" \
-      --deadline-s "$(( $(left) - 20 ))" --result-file "$D/paired_smollm2_rm_$TAG.json" \
+      --deadline-s "$(( $(box 390) - 20 ))" --result-file "$D/paired_smollm2_rm_$TAG.json" \
       --log-dir "$D/plogs" 2>&1 | grep -E "round|wrote|rror|Trace" | tail -8
     cp "$D"/paired_smollm2_rm_"$TAG".{md,json} "$OUT"/ 2>/dev/null
-    python3 benchmark/host_phase_deltas.py "$D/paired_smollm2_rm_$TAG.json" 2>&1 | tail -30
+    python3 benchmark/host_phase_deltas.py "$D/paired_smollm2_rm_$TAG.json" --excess-over no_spec 2>&1 | tail -30
     rm -rf "$D/plogs"
     # In process, both modes: does an adaptive prefill step launch slower (s36 serving: 2.3-2.7
     # against 0.6-0.9 ms per prefill step at c = 2)? The TTFT timeline has each step's launch ms.
