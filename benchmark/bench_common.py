@@ -276,6 +276,51 @@ def plain_and_adaptive_no_drafts(draft: str, k: int = 3) -> dict[str, dict]:
     }
 
 
+def overlap_cpu_scheduler(model: str, kw: dict):
+    """An in-process Scheduler on the CPU with overlap scheduling on (as a CUDA server runs),
+    float32, a 65536-token KV pool; kw: further ServerArgs fields (speculation)."""
+    from sglang.test.scheduler_utils import make_scheduler
+
+    return make_scheduler(
+        model,
+        device="cpu",
+        dtype="float32",
+        max_total_tokens=65536,
+        disable_overlap_schedule=False,
+        **kw,
+    )
+
+
+class TopUpLoad:
+    """A serving-like load on an in-process scheduler: streamed greedy requests (prompt ids
+    10..39, ignore_eos) of out_lens[0]..out_lens[1] output tokens (uniform, inclusive, from a
+    numpy generator seeded with `seed`), topped up to `bs` running or waiting requests before
+    every step, so that requests finish and join every few steps."""
+
+    def __init__(self, sched, bs: int, seed: int = 0, out_lens: tuple[int, int] = (8, 40)):
+        import numpy as np
+
+        self.s, self.bs, self.out_lens = sched, bs, out_lens
+        self.rng = np.random.default_rng(seed)
+        self.submitted = 0
+
+    def run(self, steps: int) -> None:
+        """Top up, then step the scheduler; `steps` times."""
+        from sglang.test.scheduler_utils import submit
+
+        s, (lo, hi) = self.s, self.out_lens
+        for _ in range(steps):
+            while len(s.running) + len(s.waiting_queue) < self.bs:
+                params = {
+                    "max_new_tokens": int(self.rng.integers(lo, hi + 1)),
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
+                submit(s, f"r{self.submitted}", list(range(10, 40)), params, stream=True)
+                self.submitted += 1
+            s.step()
+
+
 class PhaseTimers:
     """Wall time of named methods, by phase: `targets` are (object, method name, phase) triples;
     each method is replaced on that instance by a wrapper that adds its wall ms to the phase

@@ -40,6 +40,7 @@ import sys
 from bench_common import (
     append_run,
     git_commit_of_cwd,
+    overlap_cpu_scheduler,
     plain_and_adaptive_no_drafts,
     tiny_target_and_draft,
 )
@@ -154,16 +155,7 @@ def cuda_like_scheduler(model: str, kw: dict, sizes: list[int]):
     """An in-process Scheduler on the CPU that steps as a CUDA server does: float32, a 65536
     token KV pool, overlap scheduling on, and (graph_path) the CUDA-graph runners for the
     batch-size buckets `sizes`, run eagerly. kw: further ServerArgs fields (speculation)."""
-    from sglang.test.scheduler_utils import make_scheduler
-
-    s = make_scheduler(
-        model,
-        device="cpu",
-        dtype="float32",
-        max_total_tokens=65536,
-        disable_overlap_schedule=False,
-        **kw,
-    )
+    s = overlap_cpu_scheduler(model, kw)
     graph_path(s, sizes)
     return s
 

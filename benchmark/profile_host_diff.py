@@ -29,8 +29,8 @@ import cProfile
 import gc
 import pstats
 
-import numpy as np
 from bench_common import (
+    TopUpLoad,
     append_run,
     git_commit_of_cwd,
     plain_and_adaptive_no_drafts,
@@ -52,23 +52,8 @@ PHASES = (
 
 
 def profile(model: str, kw: dict, bs: int, steps_per_request: int) -> dict:
-    from sglang.test.scheduler_utils import submit
-
     s = cuda_like_scheduler(model, kw, [1, 2, 4, 8, 16, 32, 64, 128, 256])
-    rng = np.random.default_rng(0)
-    count = [0]
-
-    def run(n: int) -> None:
-        for _ in range(n):
-            while len(s.running) + len(s.waiting_queue) < bs:
-                params = {
-                    "max_new_tokens": int(rng.integers(8, 41)),
-                    "temperature": 0,
-                    "ignore_eos": True,
-                }
-                submit(s, f"r{count[0]}", list(range(10, 40)), params, stream=True)
-                count[0] += 1
-            s.step()
+    run = TopUpLoad(s, bs, seed=0, out_lens=(8, 40)).run
 
     run(3 * bs)
     gc.collect()

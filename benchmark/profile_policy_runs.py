@@ -34,8 +34,13 @@ import argparse
 import gc
 import json
 
-import numpy as np
-from bench_common import append_run, git_commit_of_cwd, tiny_target_and_draft
+from bench_common import (
+    TopUpLoad,
+    append_run,
+    git_commit_of_cwd,
+    overlap_cpu_scheduler,
+    tiny_target_and_draft,
+)
 
 PHASES = ("plan", "build", "commit", "flush")  # the scheduler's host phases reported
 
@@ -59,30 +64,10 @@ def measure(
 ) -> dict:
     """One configuration at batch size bs, requests of out_lens[0]..out_lens[1] output tokens:
     see the module docstring for what is measured."""
-    from sglang.test.scheduler_utils import make_scheduler, run_until_idle, submit
+    from sglang.test.scheduler_utils import run_until_idle
 
-    s = make_scheduler(
-        model,
-        device="cpu",
-        dtype="float32",
-        max_total_tokens=65536,
-        disable_overlap_schedule=False,
-        **kw,
-    )
-    rng = np.random.default_rng(seed)
-    count = [0]
-
-    def run(n: int) -> None:
-        for _ in range(n):
-            while len(s.running) + len(s.waiting_queue) < bs:
-                params = {
-                    "max_new_tokens": int(rng.integers(out_lens[0], out_lens[1] + 1)),
-                    "temperature": 0,
-                    "ignore_eos": True,
-                }
-                submit(s, f"r{count[0]}", list(range(10, 40)), params, stream=True)
-                count[0] += 1
-            s.step()
+    s = overlap_cpu_scheduler(model, kw)
+    run = TopUpLoad(s, bs, seed, out_lens).run
 
     run(3 * bs)
     gc.collect()
