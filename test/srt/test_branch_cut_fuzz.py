@@ -259,16 +259,20 @@ def test_chunk_end_tokens_take_only_prefixes_that_end_at_the_node():
     from types import SimpleNamespace
 
     from sglang.srt.managers.batch_builder import BatchBuilder
+    from sglang.srt.managers.schedule_batch import Req
 
     node, other = object(), object()
 
+    class FakeReq(SimpleNamespace):  # Req's own token accessors over the fields set below
+        fill_ids_slice = Req.fill_ids_slice
+        seqlen = Req.seqlen
+
     def req(prefix_len, node, prompt, outputs=()):
-        return SimpleNamespace(
+        return FakeReq(
             prefix_indices=torch.zeros(prefix_len, dtype=torch.int64),
             last_node=node,
             origin_input_ids=list(prompt),
             output_ids=list(outputs),
-            seqlen=len(prompt) + len(outputs),
         )
 
     at_end = req(4, node, [1, 2, 3, 4, 5, 6])  # next token 5

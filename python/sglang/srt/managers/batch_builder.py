@@ -121,8 +121,7 @@ class BatchBuilder:
         out = []
         for r in self._by_node.get(id(node), ()):
             if len(r.prefix_indices) == end and end < r.seqlen:
-                o = r.origin_input_ids  # fill_ids[end] without building fill_ids
-                out.append(o[end] if end < len(o) else r.output_ids[end - len(o)])
+                out += r.fill_ids_slice(end, end + 1)  # fill_ids[end]
         return out
 
     def running_reserve(self) -> int:
