@@ -68,8 +68,8 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
 def excess_over(rows: list[dict], base: str, phases: tuple[str, ...]) -> list[dict]:
     """Each other configuration's per-phase figures minus `base`'s in the same round and
     concurrency (rows of point_deltas), for the points both have: `<phase>_ms_per_prefill`
-    and `<phase>_us_per_decode` differences (None where either is None), with the
-    configuration's policy runs left out. Raises ValueError when no row has config `base`."""
+    and `<phase>_us_per_decode` differences (None where either is None). Raises ValueError
+    when no row has config `base`."""
     by_key = {(r["round"], r["concurrency"]): r for r in rows if r["config"] == base}
     if not by_key:
         raise ValueError(f"no point of configuration {base!r}")
