@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16)
     a = p.parse_args()
+    if a.num_prompts < 1 or a.concurrency < 1:  # 0 requests in flight would step forever
+        p.error("--num-prompts and --concurrency must be >= 1")
     sched = make_scheduler(
         str(bundled_gguf_path()),
         speculative_algorithm="EAGLE3",
