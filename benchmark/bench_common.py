@@ -292,17 +292,31 @@ def overlap_cpu_scheduler(model: str, kw: dict):
 
 
 class TopUpLoad:
-    """A serving-like load on an in-process scheduler: streamed greedy requests (prompt ids
-    10..39, ignore_eos) of out_lens[0]..out_lens[1] output tokens (uniform, inclusive, from a
-    numpy generator seeded with `seed`), topped up to `bs` running or waiting requests before
-    every step, so that requests finish and join every few steps."""
+    """A serving-like load on an in-process scheduler: streamed greedy requests (ignore_eos) of
+    out_lens[0]..out_lens[1] output tokens (uniform, inclusive, from a numpy generator seeded
+    with `seed`), topped up to `bs` running or waiting requests before every step, so that
+    requests finish and join every few steps. Prompts: ids 10..39, the same for every request
+    (input_len None), or input_len random ids in [100, 30000) each from the same generator
+    (no two share a cached prefix, as distinct conversations' uncached parts)."""
 
-    def __init__(self, sched, bs: int, seed: int = 0, out_lens: tuple[int, int] = (8, 40)):
+    def __init__(
+        self,
+        sched,
+        bs: int,
+        seed: int = 0,
+        out_lens: tuple[int, int] = (8, 40),
+        input_len: int | None = None,
+    ):
         import numpy as np
 
-        self.s, self.bs, self.out_lens = sched, bs, out_lens
+        self.s, self.bs, self.out_lens, self.input_len = sched, bs, out_lens, input_len
         self.rng = np.random.default_rng(seed)
         self.submitted = 0
+
+    def prompt(self) -> list[int]:
+        if self.input_len is None:
+            return list(range(10, 40))
+        return self.rng.integers(100, 30000, self.input_len).tolist()
 
     def run(self, steps: int) -> None:
         """Top up, then step the scheduler; `steps` times."""
@@ -316,7 +330,7 @@ class TopUpLoad:
                     "temperature": 0,
                     "ignore_eos": True,
                 }
-                submit(s, f"r{self.submitted}", list(range(10, 40)), params, stream=True)
+                submit(s, f"r{self.submitted}", self.prompt(), params, stream=True)
                 self.submitted += 1
             s.step()
 

@@ -35,6 +35,17 @@ sglang frame that called them (`sync_debug`); and first, `primitives`: the host 
 per call of the CUDA calls a launch is made of (pinned allocation and upload, index_put_,
 events, a kernel, replays of graphs of 1 and 300 kernels), with the GPU idle and busy.
 
+With --churn LO HI, requests of LO..HI output tokens finish and new ones (random prompts of
+--input-len tokens, no shared prefix) take their place before every step (bench_common
+.TopUpLoad), so prefill steps run between decode steps with a step in flight, as in serving;
+the graphs cover every batch size up to the largest (prefills included, as a server's). Each
+run then also splits the scheduler's own phase times (HostPhases: plan, build, launch, commit)
+into ms per prefill step and per decode step (`split`), and `prefill_waits` says which phase of
+a prefill step grew by the sleep. Why: through the server on the H100 (thirty-eighth session)
+an adaptive server's prefill step launched in 1.3-2.2 ms against a plain one's 0.5-0.8 ms at
+c = 2, with the same ~55 tokens per prefill step, in 10 rounds of 10, and its TTFT did not
+show it in process with long prompts (eager prefills).
+
 On the CPU (no GPU) the script runs the `base` timings only (useful to check it runs).
 """
 
@@ -49,7 +60,16 @@ import warnings
 from typing import Any
 
 import torch
-from bench_common import PhaseTimers, plain_and_adaptive_no_drafts, run_meta, sync, write_json
+from bench_common import (
+    PhaseTimers,
+    TopUpLoad,
+    plain_and_adaptive_no_drafts,
+    run_meta,
+    sync,
+    write_json,
+)
+
+from sglang.srt.managers.host_phases import EXTEND_PHASES
 
 # (path from the Scheduler to an object, or a module's name, method or function name, label).
 # Nested labels overlap their enclosing ones on purpose: the innermost label with a delta near
@@ -160,22 +180,60 @@ def inject_sleep(sched: Any, cycles: int, where: str = "after_launch") -> Any:
     return lambda: setattr(client, "forward_batch_generation_async", real)
 
 
-def timed_steps(sched: Any, timers: PhaseTimers, steps: int, device: str) -> dict[str, float]:
-    """ms per step of each wrapped label over `steps` scheduler steps, and the wall ms."""
-    sync(device)
-    timers.take()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        sched.step()
-    wall = time.perf_counter() - t0
-    out = {k: round(v / steps, 4) for k, v in timers.take().items()}
-    out["step_wall"] = round(1e3 * wall / steps, 4)
+Snapshot = tuple[dict[str, float], dict[str, float], int, int]
+
+
+def phase_snapshot(sched: Any) -> Snapshot:
+    """(HostPhases seconds, their prefill part, prefill steps, forward steps) so far."""
+    ph, st = sched.phases, sched.stats
+    return dict(ph.seconds), dict(ph.extend_seconds), st["prefill_steps"], st["forward_steps"]
+
+
+def per_step_kind(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """ms per prefill step and per decode step of each of EXTEND_PHASES between two
+    phase_snapshot()s (None where no step of that kind ran), and the step counts."""
+    s0, e0, p0, f0 = before
+    s1, e1, p1, f1 = after
+    prefills = p1 - p0
+    decodes = (f1 - f0) - prefills
+    out: dict[str, Any] = {"prefill_steps": prefills, "decode_steps": decodes}
+    for k in EXTEND_PHASES:
+        ext = e1[k] - e0[k]
+        rest = (s1[k] - s0[k]) - ext
+        out[f"{k}_ms_per_prefill"] = round(1e3 * ext / prefills, 4) if prefills else None
+        out[f"{k}_ms_per_decode"] = round(1e3 * rest / decodes, 4) if decodes else None
     return out
 
 
-def sync_debug_sites(sched: Any, steps: int) -> dict[str, int]:
-    """Syncs reported by torch.cuda.set_sync_debug_mode("warn") over `steps` steps, counted by
-    the innermost frame under sglang/ (file:line function) that made them."""
+def run_steps(sched: Any, load: TopUpLoad | None, steps: int) -> None:
+    """`steps` scheduler steps: topped up by `load` (--churn), else the running batch alone."""
+    if load is not None:
+        load.run(steps)
+        return
+    for _ in range(steps):
+        sched.step()
+
+
+def timed_steps(
+    sched: Any, timers: PhaseTimers, steps: int, device: str, load: TopUpLoad | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """ms per step of each wrapped label over `steps` scheduler steps, and the wall ms; and
+    per_step_kind of the same steps."""
+    sync(device)
+    timers.take()
+    before = phase_snapshot(sched)
+    t0 = time.perf_counter()
+    run_steps(sched, load, steps)
+    wall = time.perf_counter() - t0
+    out = {k: round(v / steps, 4) for k, v in timers.take().items()}
+    out["step_wall"] = round(1e3 * wall / steps, 4)
+    return out, per_step_kind(before, phase_snapshot(sched))
+
+
+def sync_debug_sites(sched: Any, steps: int, load: TopUpLoad | None = None) -> dict[str, int]:
+    """Syncs reported by torch.cuda.set_sync_debug_mode("warn") over `steps` steps (topped up
+    by `load` when given), counted by the innermost frame under sglang/ (file:line function)
+    that made them."""
     sites: collections.Counter = collections.Counter()
 
     def record(message, category, filename, lineno, file=None, line=None):
@@ -191,8 +249,7 @@ def sync_debug_sites(sched: Any, steps: int) -> dict[str, int]:
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            for _ in range(steps):
-                sched.step()
+            run_steps(sched, load, steps)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return dict(sites.most_common())
@@ -264,40 +321,70 @@ def primitives(sleep_ms: float, calls: int = 100) -> dict[str, dict[str, float]]
 
 
 def probe(model: str | None, kw: dict, bs: int, a: argparse.Namespace) -> dict[str, Any]:
-    """One configuration at batch size bs: base (and on CUDA loaded, delta, sync_debug)."""
+    """One configuration at batch size bs: base (and on CUDA loaded, delta, sync_debug); with
+    a.churn, requests finish and join every few steps, and each run's per_step_kind split
+    (`split`) comes too, with `prefill_waits` on CUDA."""
     from sglang.test.scheduler_utils import make_scheduler, submit
 
+    churn = getattr(a, "churn", None)
+    graphs = {"cuda_graph_max_bs": bs} if churn else {"cuda_graph_bs": [bs]}
     sched = make_scheduler(
         model,
         device=a.device,
         dtype=a.dtype,
         max_total_tokens=a.max_total_tokens,
-        cuda_graph_bs=[bs],
         disable_overlap_schedule=False,  # the CPU too: the same scheduler loop
+        attention_backend=getattr(a, "attention_backend", None),
+        **graphs,
         **kw,
     )
     if not sched.enable_overlap:
         raise RuntimeError("the probe needs overlap scheduling (the CUDA default)")
-    params = {"max_new_tokens": 4 * a.steps + 64, "temperature": 0, "ignore_eos": True}
-    gen = torch.Generator().manual_seed(0)
-    for i in range(bs):
-        ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
-        submit(sched, f"r{i}", ids, params, stream=True)
-    for _ in range(16):  # prefills, then steady decode
-        sched.step()
+    load = None
+    if churn:
+        load = TopUpLoad(sched, bs, seed=0, out_lens=tuple(churn), input_len=a.input_len)
+        load.run(4 * churn[1])  # every bucket the load reaches is warm
+    else:
+        params = {"max_new_tokens": 4 * a.steps + 64, "temperature": 0, "ignore_eos": True}
+        gen = torch.Generator().manual_seed(0)
+        for i in range(bs):
+            ids = torch.randint(100, 30000, (a.input_len,), generator=gen).tolist()
+            submit(sched, f"r{i}", ids, params, stream=True)
+        for _ in range(16):  # prefills, then steady decode
+            sched.step()
     timers, labels = wrap_targets(sched)
-    out: dict[str, Any] = {"labels": labels, "base": timed_steps(sched, timers, a.steps, a.device)}
+    out: dict[str, Any] = {"labels": labels}
+    out["base"], split = timed_steps(sched, timers, a.steps, a.device, load)
+    if churn:
+        out["split"] = {"base": split}
     if a.device == "cuda":
         cycles = int(a.sleep_ms * calibrate_sleep(a.device))
         undo = inject_sleep(sched, cycles, a.sleep_where)
-        out["loaded"] = timed_steps(sched, timers, a.steps, a.device)
+        out["loaded"], split = timed_steps(sched, timers, a.steps, a.device, load)
         undo()
         out["delta"] = waits(out["base"], out["loaded"], a.sleep_ms)
-        out["sync_debug"] = sync_debug_sites(sched, a.steps)
+        if churn:
+            out["split"]["loaded"] = split
+            out["prefill_waits"] = prefill_waits(out["split"], a.sleep_ms)
+        out["sync_debug"] = sync_debug_sites(sched, a.steps, load)
     timers.restore()
     if sched.worker_client is not None:
         sched.worker_client.shutdown()
     return out
+
+
+def prefill_waits(split: dict[str, dict[str, Any]], sleep_ms: float) -> dict[str, Any]:
+    """waits() of each phase's ms per prefill step, base against loaded (a phase missing or
+    None on one side counts as 0)."""
+    per = {
+        side: {
+            k.removesuffix("_ms_per_prefill"): v or 0.0
+            for k, v in split[side].items()
+            if k.endswith("_ms_per_prefill")
+        }
+        for side in ("base", "loaded")
+    }
+    return waits(per["base"], per["loaded"], sleep_ms)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -317,9 +404,22 @@ def main(argv: list[str] | None = None) -> dict:
         default="after_launch",
         help="where the GPU sleep is queued (see inject_sleep)",
     )
+    p.add_argument(
+        "--churn",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        default=None,
+        help="requests of LO..HI output tokens, topped up every step (prefills between decodes)",
+    )
+    p.add_argument("--attention-backend", default=None, help="default: the server's default")
     p.add_argument("--max-total-tokens", type=int, default=65536)
     p.add_argument("--result-file", default=None)
     a = p.parse_args(argv)
+    if a.churn is not None and not 1 <= a.churn[0] <= a.churn[1]:
+        p.error(f"--churn needs 1 <= LO <= HI, got {a.churn[0]} {a.churn[1]}")
+    if a.churn is not None and a.steps < 1:
+        p.error(f"--steps must be at least 1, got {a.steps}")
     torch.set_grad_enabled(False)
     model = None if a.model_path in (None, "bundled") else a.model_path
     if a.dtype is None:
@@ -331,6 +431,14 @@ def main(argv: list[str] | None = None) -> dict:
         draft = bundled_draft_path()
     kws = plain_and_adaptive_no_drafts(draft)
     kws["adaptive"] = kws.pop("adaptive_no_drafts")
+    # what `--speculative-algorithm EAGLE3 --speculative-num-steps 5 --speculative-adaptive`
+    # serves with (the sweeps' `adaptive`): the default policy, its warm-up sweep on CUDA
+    kws["adaptive_server"] = dict(
+        kws["adaptive"], speculative_num_steps=5, speculative_adaptive_config=None
+    )
+    bad = [c for c in a.configs if c not in kws]
+    if bad:
+        p.error(f"--configs: unknown {bad}; choose from {sorted(kws)}")
     result: dict[str, Any] = {"meta": run_meta(argv), "settings": vars(a), "probes": {}}
     if a.device == "cuda":
         result["primitives"] = primitives(a.sleep_ms)
@@ -340,7 +448,12 @@ def main(argv: list[str] | None = None) -> dict:
         for bs in a.batch_sizes:
             key = f"{name}_bs{bs}"
             result["probes"][key] = probe(model, kws[name], bs, a)
-            print(key, result["probes"][key].get("delta", result["probes"][key]["base"]))
+            got = result["probes"][key]
+            print(key, got.get("delta", got["base"]))
+            for side, split in got.get("split", {}).items():
+                print(f"  {side}: {split}")
+            if "prefill_waits" in got:
+                print(f"  prefill_waits: {got['prefill_waits']}")
             if a.result_file:
                 write_json(a.result_file, result)
     return result

@@ -45,6 +45,10 @@
 #                                    # at once, py-spy record (--idle, every thread and
 #                                    # subprocess, raw stacks) of each for P_SPY_S seconds
 #                                    # (default 30) from the first finished point on
+#   bash scripts/gpu_diagnose.sh PW  # whether an adaptive server's prefill steps wait for the
+#                                    # GPU: probe_host_waits.py --churn at bs PW_BS (2 8),
+#                                    # plain / adaptive / adaptive_server, per-prefill phases
+#                                    # with and without a 5 ms GPU sleep after each launch
 #   bash scripts/gpu_diagnose.sh FL  # the lean FlashInfer decode re-plan: its CPU cross-check and
 #                                    # GPU replay tests, then SmolLM2 overlap decode steps at
 #                                    # batch FL_BS (default 1) with SGLANG_FLASHINFER_LEAN_PLAN
@@ -366,6 +370,23 @@ for m, v in d['modes'].items(): print(m, v.get('stale_draft_reqs'), v.get('step_
       --result-file "$D/host_waits_$TAG.json" > "$D/host_waits_$TAG.log" 2>&1
     echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
     grep -E "^(plain|adaptive)_bs" "$D/host_waits_$TAG.log"
+    ;;
+  PW)  # issue 7 (thirty-eighth session): does an adaptive server's prefill step wait for the
+    # GPU? Through the server on the H100 its prefill steps launched in 1.3-2.2 ms against 0.5-0.8
+    # at c = 2 (same ~55 tokens a step). probe_host_waits.py --churn: requests of 16-48 output
+    # tokens finish and random 56-token prompts join every step (prefill graphs as served), a 5
+    # ms GPU sleep after each launch; `prefill_waits` names the phase that grew by it, and
+    # sync_debug the call sites PyTorch reports; plain, adaptive (drafting never pays) and
+    # adaptive_server (the served configuration, K = 5, default policy)
+    # shellcheck disable=SC2086  # PW_BS and PW_CONFIGS are lists
+    timeout -k 5 "$(box 400)" python3 benchmark/probe_host_waits.py --churn 16 48 \
+      --input-len 56 --batch-sizes ${PW_BS:-2 8} --steps "${PW_STEPS:-400}" \
+      --configs ${PW_CONFIGS:-plain adaptive adaptive_server} --sleep-ms 5 \
+      --sleep-where after_launch --attention-backend triton \
+      --result-file "$D/prefill_waits_$TAG.json" > "$D/prefill_waits_$TAG.log" 2>&1
+    echo "probe rc=$? at $(( $(date +%s) - T0 )) s"
+    grep -E "^(plain|adaptive)|base:|loaded:|prefill_waits" "$D/prefill_waits_$TAG.log" | cut -c1-400
+    cp "$D/prefill_waits_$TAG.json" "$OUT"/ 2>/dev/null
     ;;
   FL)  # the lean FlashInfer decode re-plan (SGLANG_FLASHINFER_LEAN_PLAN): tests, then ABBA
     timeout -k 5 "$(box 200)" python3 -m pytest test/srt/test_flashinfer_replan.py \
