@@ -327,7 +327,9 @@ def probe(model: str | None, kw: dict, bs: int, a: argparse.Namespace) -> dict[s
     from sglang.test.scheduler_utils import make_scheduler, submit
 
     churn = getattr(a, "churn", None)
-    graphs = {"cuda_graph_max_bs": bs} if churn else {"cuda_graph_bs": [bs]}
+    # under churn a decode batch holds up to ~2 x bs requests for a step (the top-up counts
+    # running and waiting requests; those finishing in the step in flight are in neither)
+    graphs = {"cuda_graph_max_bs": 4 * bs} if churn else {"cuda_graph_bs": [bs]}
     sched = make_scheduler(
         model,
         device=a.device,
