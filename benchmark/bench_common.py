@@ -294,8 +294,9 @@ def overlap_cpu_scheduler(model: str, kw: dict):
 class TopUpLoad:
     """A serving-like load on an in-process scheduler: streamed greedy requests (ignore_eos) of
     out_lens[0]..out_lens[1] output tokens (uniform, inclusive, from a numpy generator seeded
-    with `seed`), topped up to `bs` running or waiting requests before every step, so that
-    requests finish and join every few steps. Prompts: ids 10..39, the same for every request
+    with `seed`), topped up to `bs` requests in the system (in_system) before every step, as
+    `bs` clients that each send a new request when their last one finished, so that requests
+    finish and join every few steps. Prompts: ids 10..39, the same for every request
     (input_len None), or input_len random ids in [100, 30000) each from the same generator
     (no two share a cached prefix, as distinct conversations' uncached parts)."""
 
@@ -313,6 +314,21 @@ class TopUpLoad:
         self.rng = np.random.default_rng(seed)
         self.submitted = 0
 
+    def in_system(self) -> int:
+        """Requests submitted and not yet finished and committed: waiting, running, and those
+        of a prefill step in flight (overlap scheduling: they join `running` when the step is
+        committed) or mid-prompt (the chunked request). Counting only running and waiting
+        ones, as before the thirty-eighth session, topped a load of 2 up to 4 requests for
+        36% of its decode steps (8: 16 for 17%; benchmark/README.md, thirty-eighth session)."""
+        s = self.s
+        reqs = {id(r): r for r in (*s.running, *s.waiting_queue)}
+        step = getattr(s, "inflight", None)
+        if step is not None and step.batch.forward_mode.is_extend():
+            reqs.update((id(r), r) for r in step.batch.reqs)
+        if getattr(s, "chunked_req", None) is not None:
+            reqs[id(s.chunked_req)] = s.chunked_req
+        return sum(not r.finished() for r in reqs.values())
+
     def prompt(self) -> list[int]:
         if self.input_len is None:
             return list(range(10, 40))
@@ -324,7 +340,7 @@ class TopUpLoad:
 
         s, (lo, hi) = self.s, self.out_lens
         for _ in range(steps):
-            while len(s.running) + len(s.waiting_queue) < self.bs:
+            while self.in_system() < self.bs:
                 params = {
                     "max_new_tokens": int(self.rng.integers(lo, hi + 1)),
                     "temperature": 0,

@@ -327,8 +327,9 @@ def probe(model: str | None, kw: dict, bs: int, a: argparse.Namespace) -> dict[s
     from sglang.test.scheduler_utils import make_scheduler, submit
 
     churn = getattr(a, "churn", None)
-    # under churn a decode batch holds up to ~2 x bs requests for a step (the top-up counts
-    # running and waiting requests; those finishing in the step in flight are in neither)
+    # graphs up to 4 x bs under churn: the H100 run of the thirty-eighth session had its
+    # load overshoot to 2 x bs (TopUpLoad then missed requests whose prefill was in flight,
+    # fixed since) and its decode steps past the graphs ran eagerly
     graphs = {"cuda_graph_max_bs": 4 * bs} if churn else {"cuda_graph_bs": [bs]}
     sched = make_scheduler(
         model,

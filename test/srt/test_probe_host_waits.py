@@ -118,7 +118,7 @@ def test_top_up_load_random_prompts_keep_the_fixed_prompt_runs_output_lengths(mo
 
     def submit(s, rid, ids, params, stream=False):
         got.append((ids, params))
-        s.waiting_queue.append(rid)
+        s.waiting_queue.append(SimpleNamespace(finished=lambda: False))
 
     monkeypatch.setattr(su, "submit", submit)
     for input_len in (None, 16):
