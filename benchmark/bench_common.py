@@ -320,10 +320,12 @@ class TopUpLoad:
         committed) or mid-prompt (the chunked request). Counting only running and waiting
         ones, as before the thirty-eighth session, topped a load of 2 up to 4 requests for
         36% of its decode steps (8: 16 for 17%; benchmark/README.md, thirty-eighth session)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
         s = self.s
         reqs = {id(r): r for r in (*s.running, *s.waiting_queue)}
         step = getattr(s, "inflight", None)
-        if step is not None and step.batch.forward_mode.is_extend():
+        if step is not None and step.batch.forward_mode == ForwardMode.EXTEND:
             reqs.update((id(r), r) for r in step.batch.reqs)
         if getattr(s, "chunked_req", None) is not None:
             reqs[id(s.chunked_req)] = s.chunked_req
@@ -346,7 +348,13 @@ class TopUpLoad:
                     "temperature": 0,
                     "ignore_eos": True,
                 }
+                before = self.in_system()
                 submit(s, f"r{self.submitted}", self.prompt(), params, stream=True)
+                if self.in_system() <= before:  # finished at once: it would top up forever
+                    raise RuntimeError(
+                        f"the scheduler rejected request r{self.submitted} at submit (a prompt "
+                        "longer than the context, or a full waiting queue): cannot top up"
+                    )
                 self.submitted += 1
             s.step()
 

@@ -7,7 +7,8 @@ cost against a plain scheduler's, for `recheck_margin` values (CPU machine, no G
 Why: on the H200 the SmolLM2 adaptive server ran its policy on 3.5% of its steps at c = 2 and
 4.8% at c = 8 (thirty-sixth session, `spec_policy_runs` per point in
 paired_smollm2_h200_s36.json), nearly once per finished request. Below 8 requests any shrink
-of the batch re-runs the policy and resets the reuse window (`recheck_shrink`), and there a
+of the batch re-runs the policy (and, before the thirty-eighth session, reset the reuse
+window; `recheck_shrink`), and there a
 request finishes every ~128 / c steps. `recheck_margin` lets an all-zero choice whose bound
 check put drafting far from paying (`spec_zero_bound_ratio` at most the margin; 0.21-0.74 in
 those points) survive such shrinks until its window ends.

@@ -70,8 +70,7 @@ def test_all_zero_reuse_window_doubles_up_to_recheck_max():
 def test_all_zero_choice_survives_small_dips_of_a_large_batch():
     """recheck_shrink: at batch 64 an all-zero choice is reused while the batch stays at 56 or
     more (a dip of up to 1/8, as requests finish and their successors are still in prefill);
-    55 re-runs the policy at once and resets the window. recheck_shrink 0 re-runs on any
-    shrink."""
+    55 re-runs the policy at once. recheck_shrink 0 re-runs on any shrink."""
 
     from sglang.srt.speculative.adaptive.controller import AdaptiveController
 
@@ -90,7 +89,7 @@ def test_all_zero_choice_survives_small_dips_of_a_large_batch():
 def test_recheck_margin_lets_a_far_all_zero_choice_survive_shrinks():
     """recheck_margin: when the last all-zero run's bound check put drafting at most that
     fraction of the plain rate, a shrink of more than recheck_shrink waits for the window
-    (no run, no window reset) unless the batch fell below half; where drafting is close to
+    (no run) unless the batch fell below half; where drafting is close to
     paying (bound ratio above the margin) a shrink re-runs as without it. On by default (0.8,
     thirty-seventh session): None in the config below is the default."""
     from sglang.srt.speculative.adaptive.controller import AdaptiveController

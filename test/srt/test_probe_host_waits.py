@@ -154,3 +154,17 @@ def test_cpu_churn_probe_splits_prefill_and_decode_steps(tiny_model_dir, draft_d
         for phase in ("plan", "build", "launch", "commit"):
             assert split[f"{phase}_ms_per_prefill"] > 0 and split[f"{phase}_ms_per_decode"] > 0
         assert "prefill_waits" not in out and "loaded" not in out["split"]
+
+
+def test_top_up_load_stops_when_the_scheduler_rejects_its_requests(tiny_model_dir):
+    """A request the scheduler ends at submit (here: a prompt longer than the context) never
+    counts as in the system; topping up would submit forever, so the load raises instead."""
+    from bench_common import TopUpLoad
+
+    from sglang.test.scheduler_utils import make_scheduler
+
+    sched = make_scheduler(
+        tiny_model_dir, device="cpu", dtype="float32", max_total_tokens=1024, context_length=64
+    )
+    with pytest.raises(RuntimeError, match="rejected request r0 at submit"):
+        TopUpLoad(sched, bs=2, out_lens=(4, 8), input_len=80).run(1)

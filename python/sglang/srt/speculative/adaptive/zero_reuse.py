@@ -69,7 +69,8 @@ class ZeroReuse:
         acceptance 0.05 and those that stayed with 0.9, where drafting then paid +26% and was
         found 127 steps late (ratio 0.79 at 16). Under churn at bs 16 (CPU machine, requests
         finishing and joining every few steps) shrink-triggered runs and the window resets they
-        cause made the policy run on 0.083 of the steps, ~330 us a run."""
+        caused (before the thirty-eighth session) made the policy run on 0.083 of the steps,
+        ~330 us a run."""
         ratio, margin = self.ratio, self.margin
         return (
             margin > 0
@@ -98,9 +99,14 @@ class ZeroReuse:
         policy (all_zero, with its bound ratio `ratio`, None when the bound check did not
         decide): the window for what follows. Only drafting resets the window to
         recheck_every. A run that a shrink triggered and that chose zeros again keeps doubling
-        it: that run has just judged the smaller batch, and until the policy drafts, nothing
-        it reads changes but the batch (joins wait for the window as at any other time; a
-        further shrink re-runs at once) and the step-time model's online correction. With the
+        it, as a shrink that far_from_paying lets pass keeps it without a run: that run has
+        just judged the smaller batch. What changes before the next run (joins, which wait
+        for the window as at any other time; each request's acceptance estimate drifting back
+        to the prior while it does not draft, idle_accept_decay; the tokens left and the KV
+        in use; the online step-time correction; a guard block expiring) is found at most
+        recheck_max - 1 steps late, as after any all-zero run, and a further shrink past
+        recheck_shrink still re-runs at once. What gets slower: such a change right after a
+        shrink, which the reset found within 3-27 steps (with recheck_margin 0). With the
         reset, every request finishing below 8 requests restarted the window at 4 steps and
         cost 4-5 runs instead of one: at c = 2 on the H100 (thirty-eighth session) the policy
         ran on 4.0-4.4% of the steps with recheck_margin 0, 1.0-4.4% with 0.8."""
