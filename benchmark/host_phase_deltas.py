@@ -24,6 +24,26 @@ import sys
 COUNTERS = ("forward_steps", "prefill_steps", "prefill_reqs")
 
 
+def step_kind_seconds(
+    before: dict, after: dict, phases: tuple[str, ...]
+) -> tuple[int, int, dict[str, tuple[float, float]]]:
+    """Between two cumulative scheduler states (the keys of HostPhases.info(),
+    `host_s_<phase>` and `host_s_<phase>_extend`, with `prefill_steps` and `forward_steps`;
+    a server's server_state has them; a key missing from `before` counts as 0): (prefill
+    steps, decode steps, {phase: (seconds on prefill steps, seconds on decode steps)})."""
+
+    def delta(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    prefills = int(delta("prefill_steps"))
+    decodes = int(delta("forward_steps")) - prefills
+    seconds = {}
+    for ph in phases:
+        ext = delta(f"host_s_{ph}_extend")
+        seconds[ph] = (ext, delta(f"host_s_{ph}") - ext)
+    return prefills, decodes, seconds
+
+
 def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
     """One row per point that has a server_state: (config, instance, round, concurrency), the
     counter differences (COUNTERS) and, per phase, ms per prefill step and us per decode step
@@ -39,11 +59,8 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
         before = prev.get(key, {})
         prev[key] = state
 
-        def delta(name: str, state: dict = state, before: dict = before) -> float:
-            return state.get(name, 0) - before.get(name, 0)
-
-        d = {c: int(delta(c)) for c in COUNTERS}
-        decode_steps = d["forward_steps"] - d["prefill_steps"]
+        d = {c: int(state.get(c, 0) - before.get(c, 0)) for c in COUNTERS}
+        prefill_steps, decode_steps, seconds = step_kind_seconds(before, state, phases)
         row = {
             "config": p["config"],
             "instance": p.get("instance", 0),
@@ -52,14 +69,12 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
             **d,
             "output_tok_s": p.get("output_throughput"),
         }
-        for ph in phases:
-            ext = delta(f"host_s_{ph}_extend")
-            total = delta(f"host_s_{ph}")
+        for ph, (ext, rest) in seconds.items():
             row[f"{ph}_ms_per_prefill"] = (
-                round(1e3 * ext / d["prefill_steps"], 3) if d["prefill_steps"] > 0 else None
+                round(1e3 * ext / prefill_steps, 3) if prefill_steps > 0 else None
             )
             row[f"{ph}_us_per_decode"] = (
-                round(1e6 * (total - ext) / decode_steps, 1) if decode_steps > 0 else None
+                round(1e6 * rest / decode_steps, 1) if decode_steps > 0 else None
             )
         rows.append(row)
     return rows

@@ -68,6 +68,7 @@ from bench_common import (
     sync,
     write_json,
 )
+from host_phase_deltas import step_kind_seconds
 
 from sglang.srt.managers.host_phases import EXTEND_PHASES
 
@@ -180,26 +181,24 @@ def inject_sleep(sched: Any, cycles: int, where: str = "after_launch") -> Any:
     return lambda: setattr(client, "forward_batch_generation_async", real)
 
 
-Snapshot = tuple[dict[str, float], dict[str, float], int, int]
+def phase_snapshot(sched: Any) -> dict[str, float]:
+    """The scheduler's cumulative host phase seconds (HostPhases.info(): `host_s_<phase>` and
+    `host_s_<phase>_extend`) with its prefill and forward step counts so far, the keys a
+    server's server_state has (host_phase_deltas.step_kind_seconds reads them)."""
+    st = sched.stats
+    return {
+        **sched.phases.info(),
+        "prefill_steps": st["prefill_steps"],
+        "forward_steps": st["forward_steps"],
+    }
 
 
-def phase_snapshot(sched: Any) -> Snapshot:
-    """(HostPhases seconds, their prefill part, prefill steps, forward steps) so far."""
-    ph, st = sched.phases, sched.stats
-    return dict(ph.seconds), dict(ph.extend_seconds), st["prefill_steps"], st["forward_steps"]
-
-
-def per_step_kind(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+def per_step_kind(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """ms per prefill step and per decode step of each of EXTEND_PHASES between two
     phase_snapshot()s (None where no step of that kind ran), and the step counts."""
-    s0, e0, p0, f0 = before
-    s1, e1, p1, f1 = after
-    prefills = p1 - p0
-    decodes = (f1 - f0) - prefills
+    prefills, decodes, seconds = step_kind_seconds(before, after, EXTEND_PHASES)
     out: dict[str, Any] = {"prefill_steps": prefills, "decode_steps": decodes}
-    for k in EXTEND_PHASES:
-        ext = e1[k] - e0[k]
-        rest = (s1[k] - s0[k]) - ext
+    for k, (ext, rest) in seconds.items():
         out[f"{k}_ms_per_prefill"] = round(1e3 * ext / prefills, 4) if prefills else None
         out[f"{k}_ms_per_decode"] = round(1e3 * rest / decodes, 4) if decodes else None
     return out

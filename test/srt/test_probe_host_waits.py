@@ -86,16 +86,23 @@ def test_per_step_kind_splits_each_phase_into_prefill_and_decode_steps():
     from probe_host_waits import per_step_kind, prefill_waits
 
     phases = ("plan", "build", "launch", "commit")
-    before = (dict.fromkeys(phases, 1.0), dict.fromkeys(phases, 0.5), 3, 10)
+
+    def state(total: dict, extend: dict, prefills: int, forward: int) -> dict:
+        """phase_snapshot()'s keys (HostPhases.info() and the step counts)."""
+        out = {f"host_s_{k}": v for k, v in total.items()}
+        out.update({f"host_s_{k}_extend": v for k, v in extend.items()})
+        return out | {"prefill_steps": prefills, "forward_steps": forward}
+
+    before = state(dict.fromkeys(phases, 1.0), dict.fromkeys(phases, 0.5), 3, 10)
     after_s = {"plan": 1.030, "build": 1.010, "launch": 1.100, "commit": 1.004}
     after_e = {"plan": 0.506, "build": 0.502, "launch": 0.540, "commit": 0.500}
-    got = per_step_kind(before, (after_s, after_e, 7, 30))  # 4 prefill, 16 decode steps
+    got = per_step_kind(before, state(after_s, after_e, 7, 30))  # 4 prefill, 16 decode steps
     assert got["prefill_steps"] == 4 and got["decode_steps"] == 16
     assert got["launch_ms_per_prefill"] == pytest.approx(10.0)  # 40 ms over 4
     assert got["launch_ms_per_decode"] == pytest.approx(3.75)  # (100 - 40) ms over 16
     assert got["plan_ms_per_prefill"] == pytest.approx(1.5)
     assert got["commit_ms_per_decode"] == pytest.approx(0.25)
-    none = per_step_kind(before, (after_s, after_e, 3, 30))  # no prefill step in between
+    none = per_step_kind(before, state(after_s, after_e, 3, 30))  # no prefill step between
     assert none["launch_ms_per_prefill"] is None and none["decode_steps"] == 20
     split = {"base": got, "loaded": dict(got, launch_ms_per_prefill=14.0, plan_ms_per_prefill=None)}
     w = prefill_waits(split, sleep_ms=5.0)
