@@ -342,19 +342,21 @@ class TopUpLoad:
 
         s, (lo, hi) = self.s, self.out_lens
         for _ in range(steps):
-            while self.in_system() < self.bs:
+            n = self.in_system()
+            while n < self.bs:
                 params = {
                     "max_new_tokens": int(self.rng.integers(lo, hi + 1)),
                     "temperature": 0,
                     "ignore_eos": True,
                 }
-                before = self.in_system()
                 submit(s, f"r{self.submitted}", self.prompt(), params, stream=True)
-                if self.in_system() <= before:  # finished at once: it would top up forever
+                now = self.in_system()
+                if now <= n:  # finished at once: it would top up forever
                     raise RuntimeError(
                         f"the scheduler rejected request r{self.submitted} at submit (a prompt "
                         "longer than the context, or a full waiting queue): cannot top up"
                     )
+                n = now
                 self.submitted += 1
             s.step()
 
