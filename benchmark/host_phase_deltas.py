@@ -9,7 +9,9 @@ spent on prefill steps) is averaged over all steps too, so a server that runs fe
 prefill steps and one whose every prefill step costs more look alike. Here, per point and
 phase: ms per prefill step (host_s_<phase>_extend / prefill steps) and us per decode step
 ((host_s_<phase> - host_s_<phase>_extend) / decode steps), with the point's prefill steps,
-requests per prefill step and forward steps. A point's counters are the differences between
+requests per prefill step and forward steps, and, from servers that report them
+(ForwardCounters), how many prefill steps the target replayed through a graph or ran eagerly
+and the host ms per prefill step of each. A point's counters are the differences between
 its server_state and the previous point's of the same server instance (paired_serving.py
 records the state after each point; the first point of an instance is taken from the server's
 start, so it includes the warm-up requests' steps).
@@ -44,6 +46,23 @@ def step_kind_seconds(
     return prefills, decodes, seconds
 
 
+def runner_deltas(before: dict, after: dict) -> dict:
+    """The target runner's forwards between two states (ForwardCounters.info() keys, from
+    servers of the thirty-ninth session on; {} when `after` lacks them): prefill steps replayed
+    through a graph and run eagerly, and ms of host time per prefill step of each path (None
+    without such a step)."""
+    if "runner_prefill_graph_steps" not in after:
+        return {}
+    out = {}
+    for path in ("graph", "eager"):
+        name = f"runner_prefill_{path}"
+        n = int(after[f"{name}_steps"] - before.get(f"{name}_steps", 0))
+        s = after[f"{name}_s"] - before.get(f"{name}_s", 0)
+        out[f"prefill_{path}"] = n
+        out[f"fwd_ms_prefill_{path}"] = round(1e3 * s / n, 3) if n else None
+    return out
+
+
 def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
     """One row per point that has a server_state: (config, instance, round, concurrency), the
     counter differences (COUNTERS) and, per phase, ms per prefill step and us per decode step
@@ -69,6 +88,7 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
             **d,
             "output_tok_s": p.get("output_throughput"),
         }
+        row.update(runner_deltas(before, state))
         for ph, (ext, rest) in seconds.items():
             row[f"{ph}_ms_per_prefill"] = (
                 round(1e3 * ext / prefill_steps, 3) if prefill_steps > 0 else None
@@ -129,6 +149,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = [r for r in rows if r["concurrency"] in a.concurrency]
     cols = ["concurrency", "config", "instance", "round", "forward_steps", "prefill_steps"]
     cols += ["prefill_reqs"]
+    runner_cols = ["prefill_graph", "prefill_eager", "fwd_ms_prefill_graph"]
+    runner_cols += ["fwd_ms_prefill_eager"]
+    if a.excess_over is None and any("prefill_graph" in r for r in rows):
+        cols += runner_cols
     if a.excess_over is not None:
         try:
             rows = excess_over(rows, a.excess_over, tuple(a.phases))
@@ -139,7 +163,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cols += [f"{ph}_ms_per_prefill", f"{ph}_us_per_decode"]
     print("\t".join(cols))
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["config"], r["round"])):
-        print("\t".join("-" if r[c] is None else str(r[c]) for c in cols))
+        print("\t".join("-" if r.get(c) is None else str(r[c]) for c in cols))
     sys.stdout.flush()
     return rows
 

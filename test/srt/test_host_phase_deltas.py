@@ -86,3 +86,32 @@ def test_excess_over_pairs_points_by_round_and_concurrency(tmp_path):
     with pytest.raises(SystemExit) as e:
         main([str(path), "--excess-over", "nope"])
     assert e.value.code == 2
+
+
+def test_runner_counters_split_prefills_by_path():
+    """Servers that report ForwardCounters: graph and eager prefill steps per point and ms of
+    host time per prefill step of each path; older results have no such columns."""
+    states = [{}, {}]
+    for st, (g, gs, e, es) in zip(
+        states, [(10, 0.004, 2, 0.006), (30, 0.012, 2, 0.006)], strict=True
+    ):
+        for kind in ("prefill", "decode"):
+            for path, n, sec in (("graph", g, gs), ("eager", e, es)):
+                st[f"runner_{kind}_{path}_steps"] = n
+                st[f"runner_{kind}_{path}_tokens"] = 50 * n
+                st[f"runner_{kind}_{path}_s"] = sec
+    points = [
+        _point("a", 0, 0, 2, 100, 12, 12, 0.1, 0.01),
+        _point("a", 0, 1, 2, 300, 32, 32, 0.3, 0.03),
+    ]
+    for p, st in zip(points, states, strict=True):
+        p["server_state"].update(st)
+    rows = point_deltas(points, ("launch",))
+    assert (rows[0]["prefill_graph"], rows[0]["prefill_eager"]) == (10, 2)
+    assert rows[0]["fwd_ms_prefill_graph"] == pytest.approx(0.4)
+    assert rows[0]["fwd_ms_prefill_eager"] == pytest.approx(3.0)
+    assert (rows[1]["prefill_graph"], rows[1]["prefill_eager"]) == (20, 0)
+    assert rows[1]["fwd_ms_prefill_graph"] == pytest.approx(0.4)
+    assert rows[1]["fwd_ms_prefill_eager"] is None
+    old = point_deltas([_point("a", 0, 0, 2, 100, 2, 2, 0.1, 0.002)], ("launch",))
+    assert "prefill_graph" not in old[0]

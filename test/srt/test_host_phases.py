@@ -113,3 +113,25 @@ def test_scheduler_counts_prefill_steps(tiny_model_dir) -> None:
 def info_cached(info: dict) -> int:
     """Prompt tokens served from the prefix cache (not computed by a prefill)."""
     return round(info["cache_hit_rate"] * info["prompt_tokens"])
+
+
+def test_scheduler_counts_its_forwards_by_kind_and_path(tiny_model_dir) -> None:
+    """ForwardCounters through a real CPU scheduler (no CUDA graphs: every forward eager):
+    the prefill steps and their computed tokens are the scheduler's own counts, every other
+    forward is a decode step of one token per running request, and each path's host time is
+    positive exactly when it ran."""
+    s = make_scheduler(tiny_model_dir, device="cpu", dtype="float32")
+    prompts = [list(range(10 + 20 * i, 30 + 20 * i)) for i in range(3)]
+    for i, p in enumerate(prompts):
+        submit(s, f"r{i}", p, {"max_new_tokens": 5 + i, "temperature": 0, "ignore_eos": True})
+    run_until_idle(s, {})
+    info = s.internal_state()
+    prefills, steps = info["prefill_steps"], info["forward_steps"]
+    assert info["runner_prefill_eager_steps"] == prefills
+    assert info["runner_prefill_eager_tokens"] == info["prefill_tokens"]
+    assert info["runner_decode_eager_steps"] == steps - prefills
+    # 5 + 6 + 7 output tokens, the first of each from the prefill: 4 + 5 + 6 decode tokens
+    assert info["runner_decode_eager_tokens"] == 15
+    assert info["runner_prefill_graph_steps"] == info["runner_decode_graph_steps"] == 0
+    assert info["runner_prefill_graph_s"] == info["runner_decode_graph_s"] == 0.0
+    assert info["runner_prefill_eager_s"] > 0 and info["runner_decode_eager_s"] > 0

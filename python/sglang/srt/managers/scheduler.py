@@ -372,6 +372,7 @@ class Scheduler:
             **self.runtime_config(),
             **self.stats,
             **self.phases.info(),
+            **self.tp_worker.model_runner.forward_counters.info(),
             **process_gc_timer().info(),
             **(self.spec.server_info() if self.spec is not None else {}),
         }

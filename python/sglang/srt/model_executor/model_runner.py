@@ -25,6 +25,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     positions_and_starts,
 )
+from sglang.srt.model_executor.forward_counters import ForwardCounters
 from sglang.srt.model_loader import get_model
 from sglang.srt.server_args import ServerArgs, env_flag
 from sglang.srt.server_args_resolve import default_attention_backend
@@ -72,6 +73,7 @@ class ModelRunner:
         )
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.cuda_graph_runner: CudaGraphRunner | None = None
+        self.forward_counters = ForwardCounters()  # graph / eager steps, for /get_server_info
 
     def init_torch_settings(self) -> None:
         if self.device.type == "cuda":
@@ -289,14 +291,22 @@ class ModelRunner:
     ) -> LogitsProcessorOutput:
         """Run mwb: replayed through a CUDA graph when one fits, eagerly otherwise. Returns
         logits [num_logit_rows, V] float32 (+ hidden states per capture_hidden_mode)."""
+        t0 = time.perf_counter()
         g = self.cuda_graph_runner
-        if g is not None and g.can_run(mwb, capture_hidden_mode):
-            return g.replay(mwb, capture_hidden_mode)
-        fb = self.build_forward_batch(mwb)
-        if forward_mode is not None:
-            fb.forward_mode = forward_mode
-        fb.capture_hidden_mode = capture_hidden_mode
-        return self.forward(fb)
+        graph = g is not None and g.can_run(mwb, capture_hidden_mode)
+        if graph:
+            out = g.replay(mwb, capture_hidden_mode)
+        else:
+            fb = self.build_forward_batch(mwb)
+            if forward_mode is not None:
+                fb.forward_mode = forward_mode
+            fb.capture_hidden_mode = capture_hidden_mode
+            out = self.forward(fb)
+        prefill = mwb.forward_mode == ForwardMode.EXTEND
+        self.forward_counters.add(
+            prefill, graph, int(mwb.input_ids.numel()), time.perf_counter() - t0
+        )
+        return out
 
     def build_forward_batch(self, mwb: ModelWorkerBatch) -> ForwardBatch:
         """The eager ForwardBatch of mwb: its metadata computed with numpy and moved to the
