@@ -166,8 +166,9 @@ class EAGLEWorkerV2:
     def _launch_extend(self, mwb: ModelWorkerBatch) -> PendingResult:
         """forward_extend queued without waiting for the device: the sampled ids come back
         through PendingResult, like a plain prefill (sampling is seeded per request and
-        position, so sampling after the draft extend samples the same tokens)."""
-        began = begin_step(self.device)
+        position, so sampling after the draft extend samples the same tokens). Untimed, as a
+        plain server's prefill: only decode steps' device times are read (the policy's)."""
+        began = begin_step(self.device, timed=False)
         out = self._extend(mwb)
         rows, ids = self.target_worker.sample_launch(mwb, out.next_token_logits)
         bs = mwb.batch_size
