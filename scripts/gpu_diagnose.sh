@@ -134,6 +134,10 @@
 #                                    # SmolLM2 no_spec, its twin, adaptive (margin 0.8) and
 #                                    # adaptive_m0 (margin 0), c = RM_CONC (2 8), RM_ROUNDS
 #                                    # (4), CPU sets rotated, RM_RESTART: fresh processes
+#   bash scripts/gpu_diagnose.sh PG  # the prefill gap (thirty-ninth session): SmolLM2
+#                                    # no_spec, adaptive and the twin, c = PG_CONC (2 8),
+#                                    # PG_ROUNDS (4), CPU sets rotated; host_phase_deltas with
+#                                    # each point's graph / eager prefills (ForwardCounters)
 #   bash scripts/gpu_diagnose.sh VD  # verify attention as decodes (thirty-second session,
 #                                    # SGLANG_TRITON_VERIFY_DECODE): its GPU tests, then
 #                                    # SmolLM2 bs 1 static K = 3 with it 0, 1, 0, 1 (step,
@@ -161,7 +165,7 @@
 # /tmp/pyspy/bin/py-spy, installed from .device/x when missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|RM|VD|VA|X}
+PART=${1:?usage: scripts/gpu_diagnose.sh T|G|F|S|O|W|V|Q|P|PF|L|H|FL|CV|TV|TD|GM|TA|GD|GF|GR|GE|GN|GP|RD|PN|MP|WU|LC|HP|AB|HEAP|RM|PG|VD|VA|X}
 export PYTHONPATH=/tmp/site:$PWD/python:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 OUT=${OUT:-/tmp/gpu-diagnose-out}
@@ -682,6 +686,25 @@ for r in json.load(open(sys.argv[1]))['rows']:
     profile "decode_step_smollm2_bs8_ttft_$TAG" 150 --batch-size 8 --steps 32 --ttft-rounds 8 \
       --attention-backend triton
     cp "$D/decode_step_smollm2_bs8_ttft_$TAG.json" "$OUT"/ 2>/dev/null
+    ;;
+  PG)  # issue 7 (thirty-ninth session): the adaptive server launched every prefill step ~1 ms
+    # slower than a plain one (thirty-eighth session). Servers now report their target
+    # forwards by kind and path (ForwardCounters): which prefills replayed a graph, and the
+    # host ms per prefill of each path. SmolLM2 no_spec, adaptive and the A/A twin, cores
+    # rotated, c = PG_CONC (2 8), PG_ROUNDS (4); then the per-point split, and the excess.
+    # shellcheck disable=SC2086  # PG_CONC is a list of concurrencies
+    timeout -k 10 "$(box 400)" python3 benchmark/paired_serving.py --preset smollm2 \
+      --configs no_spec adaptive no_spec_b --add-config no_spec_b= \
+      --concurrency ${PG_CONC:-2 8} --rounds "${PG_ROUNDS:-4}" \
+      --cpu-sets 0-3 4-7 8-11 --client-cpus 12-14 --rotate-cpu-sets \
+      --server-args "--attention-backend triton" --deadline-s "$(( $(box 400) - 20 ))" \
+      --result-file "$D/paired_smollm2_pg_$TAG.json" --log-dir "$D/plogs" 2>&1 \
+      | grep -E "round|wrote|rror|Trace" | tail -8
+    cp "$D"/paired_smollm2_pg_"$TAG".{md,json} "$OUT"/ 2>/dev/null
+    python3 benchmark/host_phase_deltas.py "$D/paired_smollm2_pg_$TAG.json" 2>&1 | tail -30
+    python3 benchmark/host_phase_deltas.py "$D/paired_smollm2_pg_$TAG.json" --excess-over \
+      no_spec 2>&1 | tail -20
+    rm -rf "$D/plogs"
     ;;
   HEAP)  # thirty-second session: the scheduler's heap on huge pages. Pinned in-process batch-1
     # runs were faster with `malloc` in 5 of 6 pairs, but on the CPU machine `malloc` made
