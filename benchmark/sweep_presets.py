@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from bench_server import split_env
 
+from sglang.srt.speculative.bundled_draft import bundled_draft_path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS_DIR = os.path.join(HERE, "configs")
 SHAREGPT_BENCH = os.path.join(HERE, "data", "sharegpt_bench_conversations.json")
@@ -19,6 +21,9 @@ MTBENCH = os.path.join(HERE, "data", "mtbench_questions.jsonl")
 LLAMA8B_DIR = os.path.join(CONFIGS_DIR, "llama31_8b_dummy")
 LLAMA8B_DRAFT_CONFIG = os.path.join(CONFIGS_DIR, "llama31_8b_eagle3_dummy")
 LLAMA8B_DRAFT_OUT = "/tmp/llama31_8b_eagle3_dummy"  # written at run time (make_dummy_eagle3_draft)
+# SmolLM2-135M's config.json (as the bundled GGUF converts, in bfloat16); its tokenizer is the
+# one in LLAMA8B_DIR (the same files as the GGUF's).
+SMOLLM2_DUMMY_DIR = os.path.join(CONFIGS_DIR, "smollm2_dummy")
 
 _EAGLE3 = ["--speculative-algorithm", "EAGLE3"]
 
@@ -74,6 +79,16 @@ PRESETS: dict[str, Preset] = {
     # Llama-3.1-8B shape, random weights, random EAGLE-3 draft: nothing is accepted, so this
     # measures what speculation costs when it cannot pay.
     "llama8b_dummy": _llama8b(min_prompts=8, output_len=64),
+    # SmolLM2's shape with random weights, and the bundled draft (which accepts nothing on
+    # it): the smollm2 preset's prompts, chat template and steps without the 94 MB GGUF, for
+    # host-time work on a GPU host where staging the model costs most of a session's calls.
+    # Its servers never draft: use it to compare plain steps, not what speculation earns.
+    "smollm2_dummy": Preset(
+        model_flags=["--model-path", SMOLLM2_DUMMY_DIR, "--load-format", "dummy"]
+        + ["--tokenizer-path", LLAMA8B_DIR, "--max-total-tokens", "600000"],
+        draft_flags=["--speculative-draft-model-path", bundled_draft_path() or ""],
+        chat_template=True,
+    ),
     # Issue 6, benchmark 3: the 8B-shaped dummy without speculation.
     "issue6": _llama8b(configs=["no_spec"], concurrency=[1, 4, 16, 64, 256]),
 }

@@ -691,9 +691,10 @@ for r in json.load(open(sys.argv[1]))['rows']:
     # slower than a plain one (thirty-eighth session). Servers now report their target
     # forwards by kind and path (ForwardCounters): which prefills replayed a graph, and the
     # host ms per prefill of each path. SmolLM2 no_spec, adaptive and the A/A twin, cores
-    # rotated, c = PG_CONC (2 8), PG_ROUNDS (4); then the per-point split, and the excess.
+    # rotated, c = PG_CONC (2 8), PG_ROUNDS (4), preset PG_PRESET (smollm2; smollm2_dummy
+    # needs no GGUF); then the per-point split, and the excess.
     # shellcheck disable=SC2086  # PG_CONC is a list of concurrencies
-    timeout -k 10 "$(box 400)" python3 benchmark/paired_serving.py --preset smollm2 \
+    timeout -k 10 "$(box 400)" python3 benchmark/paired_serving.py --preset "${PG_PRESET:-smollm2}" \
       --configs no_spec adaptive no_spec_b --add-config no_spec_b= \
       --concurrency ${PG_CONC:-2 8} --rounds "${PG_ROUNDS:-4}" \
       --cpu-sets 0-3 4-7 8-11 --client-cpus 12-14 --rotate-cpu-sets \

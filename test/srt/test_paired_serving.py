@@ -658,3 +658,39 @@ def test_failed_parts_name_what_failed_in_sweep_and_paired_results(capsys):
     ]
     ok = {"configs": [{"name": "a", "status": "ok", "points": [{"status": "skipped"}]}]}
     assert failed_parts(ok) == [] and exit_status(ok) == 0
+
+
+def test_smollm2_dummy_preset_is_the_bundled_models_shape() -> None:
+    """The smollm2_dummy preset stands in for the bundled model in host-time runs: its config
+    must give the converted GGUF's shape, its tokenizer the GGUF's files and chat template, and
+    its speculative configurations the bundled draft."""
+    import json
+
+    from sweep_presets import LLAMA8B_DIR, PRESETS, SMOLLM2_DUMMY_DIR, config_flags
+
+    from sglang.srt.model_loader.bundled import bundled_gguf_path
+    from sglang.srt.model_loader.gguf_convert import convert_gguf_to_hf
+    from sglang.srt.speculative.bundled_draft import bundled_draft_path
+
+    real = convert_gguf_to_hf(bundled_gguf_path())
+    with open(os.path.join(real, "config.json")) as f:
+        want = json.load(f)
+    with open(os.path.join(SMOLLM2_DUMMY_DIR, "config.json")) as f:
+        got = json.load(f)
+    shape = ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"]
+    shape += ["num_hidden_layers", "head_dim", "vocab_size", "tie_word_embeddings"]
+    shape += ["rope_parameters", "max_position_embeddings", "rms_norm_eps", "eos_token_id"]
+    assert {k: got[k] for k in shape} == {k: want[k] for k in shape}
+    with open(os.path.join(real, "tokenizer.json"), "rb") as a:
+        with open(os.path.join(LLAMA8B_DIR, "tokenizer.json"), "rb") as b:
+            assert a.read() == b.read()
+    with open(os.path.join(real, "chat_template.jinja")) as f:
+        template = f.read()
+    with open(os.path.join(LLAMA8B_DIR, "tokenizer_config.json")) as f:
+        assert json.load(f)["chat_template"] == template
+    preset = PRESETS["smollm2_dummy"]
+    flags = config_flags(preset, "adaptive", {})
+    i = flags.index("--speculative-draft-model-path")
+    assert flags[i + 1] == bundled_draft_path() and bundled_draft_path() is not None
+    assert "--speculative-draft-model-path" not in config_flags(preset, "no_spec", {})
+    assert preset.chat_template
