@@ -228,14 +228,18 @@ def check_prefill_equals_eager(
     runner, graphs: CudaGraphRunner, mode: CaptureHiddenMode, atol, max_bs: int = 1
 ):
     """Single-request prefills through the prefill buckets equal eager prefills: a prompt of 10
-    tokens (bucket 16, padded), one of exactly 16, and a 12-token chunk after 5 cached tokens
-    (a prefix), with the last row's logits (or none, for a chunk that does not sample), the KV
-    written and, when captured, the hidden states (FULL: every row)."""
+    tokens (bucket 16, padded), one of exactly 16, a 12-token chunk after 5 cached tokens (a
+    prefix) and one token after those 17, with the last row's logits (or none, for a chunk
+    that does not sample), the KV written and, when captured, the hidden states (FULL: every
+    row)."""
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (10, 16, 17)]
     reqs = Requests(runner, prompts)
     cases = [([0], [prompts[0]], 1), ([1], [prompts[1]], 1)]
     cases += [([2], [prompts[2][:5]], 0), ([2], [prompts[2][5:]], 1)]
+    # one token after the prompt (a fully cached prompt recomputes its last token): a decode
+    # bucket replays it, FULL included on a LAST runner (every row is a logits row)
+    cases += [([2], [[42]], 1)]
     for idx, new, rows in cases:
         mwb = replace(reqs.batch(idx, new, ForwardMode.EXTEND), num_logit_rows=[rows])
         want_modes = [mode] + ([CaptureHiddenMode.FULL] if mode == CaptureHiddenMode.LAST else [])
@@ -1021,10 +1025,13 @@ def test_engine_with_prefill_buckets_equals_eager_cpu(tiny_model_dir, draft_dir,
     buckets (padded static batch, run eagerly on CPU) equal a scheduler's without graphs:
     plain, and EAGLE-3 (K = 3), whose prefill takes every row's hidden states (FULL) for the
     draft extend. Prompts of 5-40 tokens: those up to 32 replay bucket 16 or 32, longer ones
-    and multi-request prefills run eagerly."""
+    and multi-request prefills run eagerly. The 12-token prompt comes again at the end: fully
+    cached, its prefill computes its last token only, which a decode bucket replays (with
+    EAGLE-3 too: it asks FULL of the LAST graphs, the same rows)."""
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (5, 12, 16, 23, 32, 40)]
-    lens = [6, 9, 4, 7, 5, 8]
+    prompts.append(prompts[1])
+    lens = [6, 9, 4, 7, 5, 8, 9]
     kw = dict(device="cpu", dtype="float32", max_total_tokens=4096)
     if spec:
         kw |= dict(
@@ -1051,13 +1058,17 @@ def test_engine_with_prefill_buckets_equals_eager_cpu(tiny_model_dir, draft_dir,
             runner.cuda_graph_runner = graphs
         out: dict[str, dict] = {}
         for i, (p, n) in enumerate(zip(prompts, lens, strict=True)):
+            if i == len(prompts) - 1:
+                run_until_idle(sched, out)  # the repeated prompt's first run is cached
             submit(sched, f"r{i}", p, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
             sched.step()  # one request per prefill: each can take a prefill bucket
         run_until_idle(sched, out)
+        assert sched.stats["cached_tokens"] == len(prompts[1]) - 1
         return {rid: o["output_ids"] for rid, o in out.items()}, used[0]
 
     eager, _ = run(False)
     replayed, prefills = run(True)
     assert replayed == eager
     assert {r: len(v) for r, v in eager.items()} == {f"r{i}": n for i, n in enumerate(lens)}
-    assert prefills == 5  # every prompt but the 40-token one
+    assert prefills == 6  # every prompt but the 40-token one
+    assert eager["r6"] == eager["r1"]  # the same prompt, greedy

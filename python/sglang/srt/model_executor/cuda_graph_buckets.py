@@ -127,7 +127,8 @@ class GraphBuckets:
 
     def can_run(self, mwb: ModelWorkerBatch, capture_hidden_mode: CaptureHiddenMode) -> bool:
         """True when mwb fits a captured graph: a decode/verify step (every computed token is
-        a logits row) with the captured hidden-state mode, or a prefill that a prefill bucket
+        a logits row, as in a prefill of one token per request) with the captured hidden-state
+        mode (or FULL when LAST was captured: the same rows), or a prefill that a prefill bucket
         holds (hidden states: the captured mode, or FULL when LAST was captured, since prefill
         buckets then capture every row): one request, or several up to the prefill bs limit
         that all sample (one logits row each) with NULL or FULL hidden states; never with
@@ -142,7 +143,11 @@ class GraphBuckets:
             return None
         ext = mwb.extend_seq_lens
         if mwb.num_logit_rows == ext:
-            if capture_hidden_mode != self.capture_hidden_mode or not self.fits(ext):
+            # Every computed token is a logits row: LAST's hidden rows are FULL's. (A prefill
+            # of one token per request asks FULL: a fully cached prompt recomputes its last
+            # token, and a speculative server ran it eagerly, ~30 ms of launches on the H100
+            # host, about once per point of a c = 2 run; thirty-ninth session.)
+            if capture_hidden_mode not in self.all_rows_modes() or not self.fits(ext):
                 return None
             return self.pick(len(ext), sum(ext))
         bs = mwb.batch_size
@@ -161,6 +166,11 @@ class GraphBuckets:
     def is_prefill_key(self, key: GraphKey) -> bool:
         """A prefill bucket (more tokens than a verify step of key.bs requests computes)."""
         return key.num_tokens > key.bs * self.max_extend_len
+
+    def all_rows_modes(self) -> tuple[CaptureHiddenMode, ...]:
+        """Hidden-state modes a step whose every token is a logits row may ask of the graphs:
+        the captured mode, and FULL when LAST was captured (the same rows)."""
+        return self.prefill_modes()
 
     def prefill_modes(self) -> tuple[CaptureHiddenMode, ...]:
         if self.capture_hidden_mode == CaptureHiddenMode.LAST:
