@@ -1064,11 +1064,15 @@ def test_engine_with_prefill_buckets_equals_eager_cpu(tiny_model_dir, draft_dir,
             sched.step()  # one request per prefill: each can take a prefill bucket
         run_until_idle(sched, out)
         assert sched.stats["cached_tokens"] == len(prompts[1]) - 1
-        return {rid: o["output_ids"] for rid, o in out.items()}, used[0]
+        pool = runner.hidden_pool
+        rows = pool.buffer[1:].clone() if pool is not None else None  # row 0: padding's slot
+        return {rid: o["output_ids"] for rid, o in out.items()}, used[0], rows
 
-    eager, _ = run(False)
-    replayed, prefills = run(True)
+    eager, _, eager_pool = run(False)
+    replayed, prefills, replayed_pool = run(True)
     assert replayed == eager
+    if spec:  # the random draft accepts nothing: the hidden states the draft reads, compared
+        torch.testing.assert_close(replayed_pool, eager_pool, atol=1e-4, rtol=1e-5)
     assert {r: len(v) for r, v in eager.items()} == {f"r{i}": n for i, n in enumerate(lens)}
     assert prefills == 6  # every prompt but the 40-token one
     assert eager["r6"] == eager["r1"]  # the same prompt, greedy

@@ -170,7 +170,9 @@ class GraphBuckets:
     def all_rows_modes(self) -> tuple[CaptureHiddenMode, ...]:
         """Hidden-state modes a step whose every token is a logits row may ask of the graphs:
         the captured mode, and FULL when LAST was captured (the same rows)."""
-        return self.prefill_modes()
+        if self.capture_hidden_mode == CaptureHiddenMode.LAST:
+            return (CaptureHiddenMode.LAST, CaptureHiddenMode.FULL)
+        return (self.capture_hidden_mode,)
 
     def prefill_modes(self) -> tuple[CaptureHiddenMode, ...]:
         if self.capture_hidden_mode == CaptureHiddenMode.LAST:
