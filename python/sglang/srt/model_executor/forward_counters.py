@@ -8,9 +8,10 @@ than a plain one serving the same load (H100, thirty-eighth session, benchmark/R
 and py-spy put more of its samples in eager prefills; in process, with random prompts and no
 cached prefix, the gap was 0.14 ms. These counters tell from a served run whether the
 speculative server's prefills fall off the prefill graphs more often, and what each path costs
-per step. The serving benchmarks read them from /get_server_info (keys
+per step (they did: its one-token prefills ran eagerly, 24-33 ms each, until 34b1240,
+thirty-ninth session). The serving benchmarks read them from /get_server_info (keys
 ``runner_<kind>_<path>_steps``, ``_tokens`` and ``_s``) before and after a point.
-Cost: one time.perf_counter() pair and a dict update per forward.
+Cost: one time.perf_counter() pair and three dict updates per forward.
 """
 
 from __future__ import annotations
