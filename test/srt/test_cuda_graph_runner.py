@@ -1066,6 +1066,12 @@ def test_engine_with_prefill_buckets_equals_eager_cpu(tiny_model_dir, draft_dir,
         assert sched.stats["cached_tokens"] == len(prompts[1]) - 1
         pool = runner.hidden_pool
         rows = pool.buffer[1:].clone() if pool is not None else None  # row 0: padding's slot
+        counts = runner.forward_counters.steps  # ForwardCounters: (kind, path) -> steps
+        if with_graphs:  # the runner's own count of its paths agrees with the replays seen
+            assert counts["prefill", "graph"] == used[0] and counts["prefill", "eager"] == 1
+            assert counts["decode", "eager"] == 0 and counts["decode", "graph"] > 0
+        else:
+            assert counts["prefill", "graph"] == counts["decode", "graph"] == 0
         return {rid: o["output_ids"] for rid, o in out.items()}, used[0], rows
 
     eager, _, eager_pool = run(False)
