@@ -11,10 +11,11 @@ phase: ms per prefill step (host_s_<phase>_extend / prefill steps) and us per de
 ((host_s_<phase> - host_s_<phase>_extend) / decode steps), with the point's prefill steps,
 requests per prefill step and forward steps, and, from servers that report them
 (ForwardCounters), how many prefill steps the target replayed through a graph or ran eagerly
-and the host ms per prefill step of each. A point's counters are the differences between
-its server_state and the previous point's of the same server instance (paired_serving.py
-records the state after each point; the first point of an instance is taken from the server's
-start, so it includes the warm-up requests' steps).
+and the host ms per prefill step of each, and, per decode step, the us of the launch's parts
+(the target's forward, the worker's whole launch, the future ids). A point's counters are
+the differences between its server_state and the previous point's of the same server
+instance (paired_serving.py records the state after each point; the first point of an
+instance is taken from the server's start, so it includes the warm-up requests' steps).
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ def runner_deltas(before: dict, after: dict) -> dict:
     return out
 
 
+def launch_deltas(before: dict, after: dict, decode_steps: int) -> dict:
+    """Per decode step, us of host time of the launch's parts (TpModelWorkerClient.launch_info
+    and ForwardCounters keys, from servers of the thirty-ninth session on; {} when `after`
+    lacks them or no decode step ran): `runner_us_per_decode` (the target's forward),
+    `worker_us_per_decode` (the worker's whole launch: forward, sampling, read-back copy) and
+    `future_us_per_decode` (resolving future ids and writing the sampled ones)."""
+    if "launch_s_worker" not in after or "runner_decode_graph_s" not in after or decode_steps <= 0:
+        return {}
+
+    def decode_s(name: str) -> float:
+        total = after[name] - before.get(name, 0)
+        return total - (after[f"{name}_extend"] - before.get(f"{name}_extend", 0))
+
+    runner = sum(
+        after[f"runner_decode_{p}_s"] - before.get(f"runner_decode_{p}_s", 0)
+        for p in ("graph", "eager")
+    )
+    future = decode_s("launch_s_future_ids") + decode_s("launch_s_future_write")
+    return {
+        "runner_us_per_decode": round(1e6 * runner / decode_steps, 1),
+        "worker_us_per_decode": round(1e6 * decode_s("launch_s_worker") / decode_steps, 1),
+        "future_us_per_decode": round(1e6 * future / decode_steps, 1),
+    }
+
+
 def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
     """One row per point that has a server_state: (config, instance, round, concurrency), the
     counter differences (COUNTERS) and, per phase, ms per prefill step and us per decode step
@@ -89,6 +115,7 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
             "output_tok_s": p.get("output_throughput"),
         }
         row.update(runner_deltas(before, state))
+        row.update(launch_deltas(before, state, decode_steps))
         for ph, (ext, rest) in seconds.items():
             row[f"{ph}_ms_per_prefill"] = (
                 round(1e3 * ext / prefill_steps, 3) if prefill_steps > 0 else None
@@ -153,6 +180,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     runner_cols += ["fwd_ms_prefill_eager"]
     if a.excess_over is None and any("prefill_graph" in r for r in rows):
         cols += runner_cols
+    launch_cols = ["runner_us_per_decode", "worker_us_per_decode", "future_us_per_decode"]
+    if a.excess_over is None and any("worker_us_per_decode" in r for r in rows):
+        cols += launch_cols
     if a.excess_over is not None:
         try:
             rows = excess_over(rows, a.excess_over, tuple(a.phases))

@@ -115,3 +115,28 @@ def test_runner_counters_split_prefills_by_path():
     assert rows[1]["fwd_ms_prefill_eager"] is None
     old = point_deltas([_point("a", 0, 0, 2, 100, 2, 2, 0.1, 0.002)], ("launch",))
     assert "prefill_graph" not in old[0]
+
+
+def test_launch_parts_per_decode_step():
+    """launch_deltas: us per decode step of the runner's decode forwards, the worker's launch
+    and the future ids, the prefill steps' shares taken out; {} for servers without them."""
+    from host_phase_deltas import launch_deltas
+
+    before = {
+        "launch_s_worker": 1.0, "launch_s_worker_extend": 0.2,
+        "launch_s_future_ids": 0.1, "launch_s_future_ids_extend": 0.01,
+        "launch_s_future_write": 0.1, "launch_s_future_write_extend": 0.01,
+        "runner_decode_graph_s": 0.5, "runner_decode_eager_s": 0.0,
+    }  # fmt: skip
+    after = {
+        "launch_s_worker": 1.5, "launch_s_worker_extend": 0.3,  # 0.4 s on decode steps
+        "launch_s_future_ids": 0.15, "launch_s_future_ids_extend": 0.02,  # 0.04
+        "launch_s_future_write": 0.13, "launch_s_future_write_extend": 0.01,  # 0.03
+        "runner_decode_graph_s": 0.6, "runner_decode_eager_s": 0.05,  # 0.15
+    }  # fmt: skip
+    got = launch_deltas(before, after, 1000)
+    assert got == pytest.approx(
+        {"runner_us_per_decode": 150.0, "worker_us_per_decode": 400.0, "future_us_per_decode": 70.0}
+    )
+    assert launch_deltas({}, {"forward_steps": 3}, 1000) == {}
+    assert launch_deltas(before, after, 0) == {}

@@ -135,3 +135,24 @@ def test_scheduler_counts_its_forwards_by_kind_and_path(tiny_model_dir) -> None:
     assert info["runner_prefill_graph_steps"] == info["runner_decode_graph_steps"] == 0
     assert info["runner_prefill_graph_s"] == info["runner_decode_graph_s"] == 0.0
     assert info["runner_prefill_eager_s"] > 0 and info["runner_decode_eager_s"] > 0
+
+
+def test_overlap_client_splits_its_launches(tiny_model_dir) -> None:
+    """TpModelWorkerClient.launch_info through a real CPU scheduler with overlap: every part is
+    positive, the prefill steps' share of each is positive and smaller, and the worker's
+    launch holds the runner's forwards (which run inside it)."""
+    s = make_scheduler(
+        tiny_model_dir, device="cpu", dtype="float32", disable_overlap_schedule=False
+    )
+    for i in range(2):
+        submit(s, f"r{i}", list(range(10 + i, 30)), {"max_new_tokens": 6, "temperature": 0})
+    run_until_idle(s, {})
+    info = s.internal_state()
+    for part in ("future_ids", "worker", "future_write"):
+        assert 0 < info[f"launch_s_{part}_extend"] < info[f"launch_s_{part}"], part
+    runner = sum(
+        info[f"runner_{k}_{p}_s"] for k in ("prefill", "decode") for p in ("graph", "eager")
+    )
+    assert 0 < runner <= info["launch_s_worker"] <= info["host_s_launch"]
+    plain = make_scheduler(tiny_model_dir, device="cpu", dtype="float32")
+    assert not any(k.startswith("launch_s_") for k in plain.internal_state())  # no client

@@ -15,6 +15,7 @@ import torch
 
 from sglang.srt.entrypoints.engine import Engine
 from sglang.srt.managers.tp_worker_overlap_thread import future_placeholder, resolve_future_ids
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.srt.server_args_resolve import resolve_server_args
 from sglang.test.engine_checks import assert_no_kv_leak
@@ -499,6 +500,7 @@ def test_launch_error_raised_at_resolve(threaded):
 
     client = TpModelWorkerClient(_FailingWorker(), 4, threaded=threaded)
     mwb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
         input_ids=torch.tensor([1, 2]),
         req_pool_indices=[0, 1],
         has_future_ids=False,
@@ -541,6 +543,7 @@ def test_interrupt_during_same_thread_launch_propagates(exc):
 
     client = TpModelWorkerClient(_InterruptedWorker(exc), 4, threaded=False)
     mwb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
         input_ids=torch.tensor([1, 2]),
         req_pool_indices=[0, 1],
         has_future_ids=False,
@@ -563,6 +566,7 @@ def test_interrupt_in_worker_thread_launch_reaches_resolve():
 
     client = TpModelWorkerClient(_InterruptedWorker(SystemExit), 4, threaded=True)
     mwb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
         input_ids=torch.tensor([1, 2]),
         req_pool_indices=[0, 1],
         has_future_ids=False,

@@ -373,6 +373,7 @@ class Scheduler:
             **self.stats,
             **self.phases.info(),
             **self.tp_worker.model_runner.forward_counters.info(),
+            **(self.worker_client.launch_info() if self.worker_client is not None else {}),
             **process_gc_timer().info(),
             **(self.spec.server_info() if self.spec is not None else {}),
         }

@@ -51,14 +51,20 @@ import collections
 import dataclasses
 import queue
 import threading
+import time
 from typing import Any
 
 import torch
 
 from sglang.srt.managers.pending_result import PendingResult
 from sglang.srt.managers.schedule_batch import GenerationBatchResult, ModelWorkerBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.server_args import env_flag
 from sglang.srt.utils.h2d import int64_to_device
+
+# Parts of a launched step's host time (TpModelWorkerClient.launch_info): resolving the input's
+# future ids, the worker's launch, and writing the sampled ids into future_ids.
+LAUNCH_PARTS = ("future_ids", "worker", "future_write")
 
 
 def future_placeholder(future_index: int) -> int:
@@ -103,6 +109,14 @@ class TpModelWorkerClient:
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.next_handle = 0
         self.next_to_resolve = 0
+        # Host seconds of every launched step, per part of _run (launch_info): resolving the
+        # future ids, the worker's launch (forward, sampling, read-back copy) and the write of
+        # the sampled ids into future_ids. Why: on the H100 host the launch of a decode step
+        # outside the runner's forward took 252-459 us against ~200 on the CPU machine
+        # (thirty-ninth session); which part grows when a server runs host-bound tells
+        # whether it waits for the device. Cost: four perf_counter calls per step.
+        self.launch_seconds = dict.fromkeys(LAUNCH_PARTS, 0.0)
+        self.launch_seconds_extend = dict.fromkeys(LAUNCH_PARTS, 0.0)  # prefill steps' part
         # Same-thread mode: launched steps in launch order, (handle, PendingResult or exception)
         self.launched: collections.deque[tuple[int, Any]] = collections.deque()
         self.thread: threading.Thread | None = None  # the worker thread, when threaded
@@ -192,6 +206,7 @@ class TpModelWorkerClient:
         the same device copy of the slots indexes the write: a few device calls instead of
         a scan of the ids on the host and a dozen small ones (host time that a host-bound
         decode step pays in full)."""
+        t0 = time.perf_counter()
         slots_dev = None
         if mwb.all_future_ids:
             (slots_dev,) = int64_to_device([mwb.req_pool_indices], self.device)
@@ -200,8 +215,10 @@ class TpModelWorkerClient:
             mwb = dataclasses.replace(
                 mwb, input_ids=resolve_future_ids(mwb.input_ids, self.future_ids)
             )
+        t1 = time.perf_counter()
         pending = self.worker.forward_batch_generation_launch(mwb)
         pending.keep_alive = mwb  # its device tensors are read by this stream's queued step
+        t2 = time.perf_counter()
         rows = pending.sampled_rows
         if rows:
             if slots_dev is None or len(rows) != len(mwb.req_pool_indices):
@@ -214,7 +231,24 @@ class TpModelWorkerClient:
                 result = pending.finish()
                 (vals,) = int64_to_device([[result.next_token_ids[i] for i in rows]], self.device)
             self.future_ids[slots_dev] = vals
+        t3 = time.perf_counter()
+        for sec in (self.launch_seconds, self.launch_seconds_extend):
+            sec["future_ids"] += t1 - t0
+            sec["worker"] += t2 - t1
+            sec["future_write"] += t3 - t2
+            if mwb.forward_mode != ForwardMode.EXTEND:
+                break  # a decode / verify step: not a prefill's part
         return pending
+
+    def launch_info(self) -> dict[str, float]:
+        """{'launch_s_<part>': seconds since start} for the parts of every launched step
+        (LAUNCH_PARTS; with the worker thread, that thread's time), and
+        'launch_s_<part>_extend', the prefill steps' share of each. Not `host_s_*` keys:
+        these are inside the scheduler's `launch` phase, not next to it."""
+        out = {f"launch_s_{k}": round(v, 6) for k, v in self.launch_seconds.items()}
+        ext = self.launch_seconds_extend
+        out.update({f"launch_s_{k}_extend": round(v, 6) for k, v in ext.items()})
+        return out
 
 
 def overlap_thread_from_env() -> bool:
