@@ -139,8 +139,9 @@ def test_scheduler_counts_its_forwards_by_kind_and_path(tiny_model_dir) -> None:
 
 def test_overlap_client_splits_its_launches(tiny_model_dir) -> None:
     """TpModelWorkerClient.launch_info through a real CPU scheduler with overlap: every part is
-    positive, the prefill steps' share of each is positive and smaller, and the worker's
-    launch holds the runner's forwards (which run inside it)."""
+    positive, the prefill steps' share of each is smaller (the worker's positive: a prefill
+    step has no future id to resolve or write, so those shares are only the checks' time),
+    and the worker's launch holds the runner's forwards (which run inside it)."""
     s = make_scheduler(
         tiny_model_dir, device="cpu", dtype="float32", disable_overlap_schedule=False
     )
@@ -149,7 +150,8 @@ def test_overlap_client_splits_its_launches(tiny_model_dir) -> None:
     run_until_idle(s, {})
     info = s.internal_state()
     for part in ("future_ids", "worker", "future_write"):
-        assert 0 < info[f"launch_s_{part}_extend"] < info[f"launch_s_{part}"], part
+        assert 0 <= info[f"launch_s_{part}_extend"] < info[f"launch_s_{part}"], part
+    assert info["launch_s_worker_extend"] > 0
     runner = sum(
         info[f"runner_{k}_{p}_s"] for k in ("prefill", "decode") for p in ("graph", "eager")
     )

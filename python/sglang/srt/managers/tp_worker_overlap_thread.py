@@ -245,9 +245,8 @@ class TpModelWorkerClient:
         (LAUNCH_PARTS; with the worker thread, that thread's time), and
         'launch_s_<part>_extend', the prefill steps' share of each. Not `host_s_*` keys:
         these are inside the scheduler's `launch` phase, not next to it."""
-        out = {f"launch_s_{k}": round(v, 6) for k, v in self.launch_seconds.items()}
-        ext = self.launch_seconds_extend
-        out.update({f"launch_s_{k}_extend": round(v, 6) for k, v in ext.items()})
+        out = {f"launch_s_{k}": v for k, v in self.launch_seconds.items()}
+        out.update({f"launch_s_{k}_extend": v for k, v in self.launch_seconds_extend.items()})
         return out
 
 
