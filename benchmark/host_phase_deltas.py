@@ -27,6 +27,11 @@ import sys
 COUNTERS = ("forward_steps", "prefill_steps", "prefill_reqs")
 
 
+def delta(before: dict, after: dict, name: str) -> float:
+    """A cumulative counter's growth between two states (0 where `before` lacks it)."""
+    return after.get(name, 0) - before.get(name, 0)
+
+
 def step_kind_seconds(
     before: dict, after: dict, phases: tuple[str, ...]
 ) -> tuple[int, int, dict[str, tuple[float, float]]]:
@@ -35,15 +40,12 @@ def step_kind_seconds(
     a server's server_state has them; a key missing from `before` counts as 0): (prefill
     steps, decode steps, {phase: (seconds on prefill steps, seconds on decode steps)})."""
 
-    def delta(name: str) -> float:
-        return after.get(name, 0) - before.get(name, 0)
-
-    prefills = int(delta("prefill_steps"))
-    decodes = int(delta("forward_steps")) - prefills
+    prefills = int(delta(before, after, "prefill_steps"))
+    decodes = int(delta(before, after, "forward_steps")) - prefills
     seconds = {}
     for ph in phases:
-        ext = delta(f"host_s_{ph}_extend")
-        seconds[ph] = (ext, delta(f"host_s_{ph}") - ext)
+        ext = delta(before, after, f"host_s_{ph}_extend")
+        seconds[ph] = (ext, delta(before, after, f"host_s_{ph}") - ext)
     return prefills, decodes, seconds
 
 
@@ -57,8 +59,8 @@ def runner_deltas(before: dict, after: dict) -> dict:
     out = {}
     for path in ("graph", "eager"):
         name = f"runner_prefill_{path}"
-        n = int(after[f"{name}_steps"] - before.get(f"{name}_steps", 0))
-        s = after[f"{name}_s"] - before.get(f"{name}_s", 0)
+        n = int(delta(before, after, f"{name}_steps"))
+        s = delta(before, after, f"{name}_s")
         out[f"prefill_{path}"] = n
         out[f"fwd_ms_prefill_{path}"] = round(1e3 * s / n, 3) if n else None
     return out
@@ -74,13 +76,9 @@ def launch_deltas(before: dict, after: dict, decode_steps: int) -> dict:
         return {}
 
     def decode_s(name: str) -> float:
-        total = after[name] - before.get(name, 0)
-        return total - (after[f"{name}_extend"] - before.get(f"{name}_extend", 0))
+        return delta(before, after, name) - delta(before, after, f"{name}_extend")
 
-    runner = sum(
-        after[f"runner_decode_{p}_s"] - before.get(f"runner_decode_{p}_s", 0)
-        for p in ("graph", "eager")
-    )
+    runner = sum(delta(before, after, f"runner_decode_{p}_s") for p in ("graph", "eager"))
     future = decode_s("launch_s_future_ids") + decode_s("launch_s_future_write")
     return {
         "runner_us_per_decode": round(1e6 * runner / decode_steps, 1),
@@ -104,7 +102,7 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
         before = prev.get(key, {})
         prev[key] = state
 
-        d = {c: int(state.get(c, 0) - before.get(c, 0)) for c in COUNTERS}
+        d = {c: int(delta(before, state, c)) for c in COUNTERS}
         prefill_steps, decode_steps, seconds = step_kind_seconds(before, state, phases)
         row = {
             "config": p["config"],

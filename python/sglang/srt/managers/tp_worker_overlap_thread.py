@@ -231,13 +231,12 @@ class TpModelWorkerClient:
                 result = pending.finish()
                 (vals,) = int64_to_device([[result.next_token_ids[i] for i in rows]], self.device)
             self.future_ids[slots_dev] = vals
-        t3 = time.perf_counter()
-        for sec in (self.launch_seconds, self.launch_seconds_extend):
-            sec["future_ids"] += t1 - t0
-            sec["worker"] += t2 - t1
-            sec["future_write"] += t3 - t2
-            if mwb.forward_mode != ForwardMode.EXTEND:
-                break  # a decode / verify step: not a prefill's part
+        parts = zip(LAUNCH_PARTS, (t1 - t0, t2 - t1, time.perf_counter() - t2), strict=True)
+        extend = mwb.forward_mode == ForwardMode.EXTEND
+        for part, seconds in parts:
+            self.launch_seconds[part] += seconds
+            if extend:
+                self.launch_seconds_extend[part] += seconds
         return pending
 
     def launch_info(self) -> dict[str, float]:
