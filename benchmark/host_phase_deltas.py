@@ -49,11 +49,12 @@ def step_kind_seconds(
     return prefills, decodes, seconds
 
 
-def runner_deltas(before: dict, after: dict) -> dict:
+def runner_deltas(before: dict, after: dict, decode_steps: int) -> dict:
     """The target runner's forwards between two states (ForwardCounters.info() keys, from
     servers of the thirty-ninth session on; {} when `after` lacks them): prefill steps replayed
-    through a graph and run eagerly, and ms of host time per prefill step of each path (None
-    without such a step)."""
+    through a graph and run eagerly, ms of host time per prefill step of each path (None
+    without such a step), and `runner_us_per_decode`, us of the target's forwards per decode
+    step (None without one), which `launch_us_per_decode` contains."""
     if "runner_prefill_graph_steps" not in after:
         return {}
     out = {}
@@ -63,25 +64,24 @@ def runner_deltas(before: dict, after: dict) -> dict:
         s = delta(before, after, f"{name}_s")
         out[f"prefill_{path}"] = n
         out[f"fwd_ms_prefill_{path}"] = round(1e3 * s / n, 3) if n else None
+    runner = sum(delta(before, after, f"runner_decode_{p}_s") for p in ("graph", "eager"))
+    out["runner_us_per_decode"] = round(1e6 * runner / decode_steps, 1) if decode_steps else None
     return out
 
 
 def launch_deltas(before: dict, after: dict, decode_steps: int) -> dict:
     """Per decode step, us of host time of the launch's parts (TpModelWorkerClient.launch_info
-    and ForwardCounters keys, from servers of the thirty-ninth session on; {} when `after`
-    lacks them or no decode step ran): `runner_us_per_decode` (the target's forward),
-    `worker_us_per_decode` (the worker's whole launch: forward, sampling, read-back copy) and
-    `future_us_per_decode` (resolving future ids and writing the sampled ones)."""
-    if "launch_s_worker" not in after or "runner_decode_graph_s" not in after or decode_steps <= 0:
+    keys, from servers of the thirty-ninth session on; {} when `after` lacks them or no decode
+    step ran): `worker_us_per_decode` (the worker's whole launch: forward, sampling, read-back
+    copy) and `future_us_per_decode` (resolving future ids and writing the sampled ones)."""
+    if "launch_s_worker" not in after or decode_steps <= 0:
         return {}
 
     def decode_s(name: str) -> float:
         return delta(before, after, name) - delta(before, after, f"{name}_extend")
 
-    runner = sum(delta(before, after, f"runner_decode_{p}_s") for p in ("graph", "eager"))
     future = decode_s("launch_s_future_ids") + decode_s("launch_s_future_write")
     return {
-        "runner_us_per_decode": round(1e6 * runner / decode_steps, 1),
         "worker_us_per_decode": round(1e6 * decode_s("launch_s_worker") / decode_steps, 1),
         "future_us_per_decode": round(1e6 * future / decode_steps, 1),
     }
@@ -112,7 +112,7 @@ def point_deltas(points: list[dict], phases: tuple[str, ...]) -> list[dict]:
             **d,
             "output_tok_s": p.get("output_throughput"),
         }
-        row.update(runner_deltas(before, state))
+        row.update(runner_deltas(before, state, decode_steps))
         row.update(launch_deltas(before, state, decode_steps))
         for ph, (ext, rest) in seconds.items():
             row[f"{ph}_ms_per_prefill"] = (
@@ -175,10 +175,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cols = ["concurrency", "config", "instance", "round", "forward_steps", "prefill_steps"]
     cols += ["prefill_reqs"]
     runner_cols = ["prefill_graph", "prefill_eager", "fwd_ms_prefill_graph"]
-    runner_cols += ["fwd_ms_prefill_eager"]
+    runner_cols += ["fwd_ms_prefill_eager", "runner_us_per_decode"]
     if a.excess_over is None and any("prefill_graph" in r for r in rows):
         cols += runner_cols
-    launch_cols = ["runner_us_per_decode", "worker_us_per_decode", "future_us_per_decode"]
+    launch_cols = ["worker_us_per_decode", "future_us_per_decode"]
     if a.excess_over is None and any("worker_us_per_decode" in r for r in rows):
         cols += launch_cols
     if a.excess_over is not None:

@@ -118,9 +118,10 @@ def test_runner_counters_split_prefills_by_path():
 
 
 def test_launch_parts_per_decode_step():
-    """launch_deltas: us per decode step of the runner's decode forwards, the worker's launch
-    and the future ids, the prefill steps' shares taken out; {} for servers without them."""
-    from host_phase_deltas import launch_deltas
+    """launch_deltas: us per decode step of the worker's launch and the future ids, the prefill
+    steps' shares taken out, {} for servers without them; runner_deltas: of the runner's
+    decode forwards."""
+    from host_phase_deltas import launch_deltas, runner_deltas
 
     before = {
         "launch_s_worker": 1.0, "launch_s_worker_extend": 0.2,
@@ -135,8 +136,10 @@ def test_launch_parts_per_decode_step():
         "runner_decode_graph_s": 0.6, "runner_decode_eager_s": 0.05,  # 0.15
     }  # fmt: skip
     got = launch_deltas(before, after, 1000)
-    assert got == pytest.approx(
-        {"runner_us_per_decode": 150.0, "worker_us_per_decode": 400.0, "future_us_per_decode": 70.0}
-    )
+    assert got == pytest.approx({"worker_us_per_decode": 400.0, "future_us_per_decode": 70.0})
+    before |= {"runner_prefill_graph_steps": 0, "runner_prefill_eager_steps": 0}
+    after |= {"runner_prefill_graph_steps": 0, "runner_prefill_eager_steps": 0}
+    assert runner_deltas(before, after, 1000)["runner_us_per_decode"] == pytest.approx(150.0)
+    assert runner_deltas(before, after, 0)["runner_us_per_decode"] is None
     assert launch_deltas({}, {"forward_steps": 3}, 1000) == {}
     assert launch_deltas(before, after, 0) == {}
